@@ -50,6 +50,10 @@ let package = Package(
             "BLEControlProtocol", "Firmware",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
+        .executableTarget(name: "blecontrol-bench", dependencies: [
+            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),
         .testTarget(name: "DeviceEmulatorsTests", dependencies: ["DeviceEmulators", "Hardware"]),
         .testTarget(name: "DevicesTests", dependencies: ["Devices", "DeviceEmulators", "Hardware"]),

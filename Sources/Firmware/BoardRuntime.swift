@@ -1,0 +1,293 @@
+import BLEControlProtocol
+import DeviceEmulators
+import Devices
+import Foundation
+import Hardware
+import Logging
+
+/// A board brought to life from its board file: buses and devices, the
+/// servo path, the LCD service, the LED, the event loop with its transports
+/// and the control socket. Start and stop run in a fixed order: outputs are
+/// all off before any transport accepts a frame, and transports close before
+/// the outputs are switched off at the end.
+///
+/// The simulator is just a board whose buses are emulated: the emulators are
+/// attached here and nothing above this type knows the difference.
+public final class BoardRuntime: @unchecked Sendable {
+    /// A board file that names hardware this build cannot drive.
+    public struct SetupError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public let configuration: BoardConfiguration
+    public let loop: EventLoop
+    private let logger: Logger
+    private let startedAt = ContinuousClock.now
+    private let servo: ServoPath?
+    private let servoFrequency: Hertz
+    private let lcd: LCDService?
+    private let led: StatusLED?
+    private let dispatcher: Dispatcher
+    private let hub: SessionHub
+    private let tcp: TCPTransport
+    private let control: ControlServer
+    private let observer: EmulatorObserver?
+    private var transportState: [String: String] = [:]
+    private var ledTimer: EventLoop.Token?
+    private var controlSocketOverride: String?
+
+    /// The emulated devices of a simulator board (nil on real hardware).
+    public struct Emulators: @unchecked Sendable {
+        public var buses: [String: EmulatedI2CBus] = [:]
+        public var pca9685: PCA9685Emulator?
+        public var lcd: LCDBackpackEmulator?
+        public var led: EmulatedDigitalOutput?
+    }
+
+    public let emulators: Emulators?
+
+    /// Builds every device the board file names. Nothing touches a bus yet.
+    public init(configuration: BoardConfiguration, logger: Logger) throws {
+        self.configuration = configuration
+        self.logger = logger
+        loop = try EventLoop()
+
+        var emulators = Emulators()
+        var arbiters: [String: BusArbiter] = [:]
+        for (name, bus) in configuration.buses {
+            switch bus.kind {
+            case .emulated:
+                let emulated = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength)
+                emulators.buses[name] = emulated
+                arbiters[name] = BusArbiter(bus: emulated)
+            case .device(let path):
+                throw SetupError(description: "bus \(name): \(path): this build has no Linux i2c-dev backend yet; use an emulated bus")
+            }
+        }
+
+        if let servoConfiguration = configuration.servo, let arbiter = arbiters[servoConfiguration.bus] {
+            if let emulated = emulators.buses[servoConfiguration.bus] {
+                let chip = PCA9685Emulator(oscillator: servoConfiguration.oscillator)
+                emulated.attach(chip, at: servoConfiguration.address)
+                emulators.pca9685 = chip
+            }
+            let driver = PCA9685(
+                bus: arbiter.client(.servo),
+                configuration: PCA9685.Configuration(
+                    address: servoConfiguration.address,
+                    frequency: servoConfiguration.frequency,
+                    oscillator: servoConfiguration.oscillator,
+                    totemPole: servoConfiguration.totemPole
+                ),
+                logger: logger
+            )
+            servoFrequency = Hertz(servoConfiguration.oscillator.value / (4096 * (Double(PCA9685.prescale(for: servoConfiguration.frequency, oscillator: servoConfiguration.oscillator)) + 1)))
+            servo = ServoPath(driver: driver, channels: servoConfiguration.channels, logger: logger)
+        } else {
+            servoFrequency = Hertz(50)
+            servo = nil
+        }
+
+        if let lcdConfiguration = configuration.lcd, let arbiter = arbiters[lcdConfiguration.bus] {
+            let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
+            if let emulated = emulators.buses[lcdConfiguration.bus] {
+                let display = LCDBackpackEmulator(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows, pinMap: lcdConfiguration.pins)
+                emulated.attach(display, at: lcdConfiguration.address)
+                emulators.lcd = display
+            }
+            let driver = HD44780(
+                bus: arbiter.client(.display),
+                backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins),
+                geometry: geometry,
+                charactersPerTransaction: lcdConfiguration.charsPerTransaction,
+                logger: logger
+            )
+            lcd = LCDService(driver: driver, geometry: geometry, logger: logger)
+        } else {
+            lcd = nil
+        }
+
+        switch configuration.led {
+        case .emulated?:
+            let output = EmulatedDigitalOutput()
+            emulators.led = output
+            led = StatusLED(output: output, logger: logger)
+        case .gpio(let chip, let line, let lineName, _)?:
+            throw SetupError(description: "led: \(chip) \(lineName ?? line.map { String($0) } ?? ""): this build has no libgpiod backend yet; use `emulated: true`")
+        case nil:
+            led = nil
+        }
+
+        let isSimulated = !emulators.buses.isEmpty || emulators.led != nil
+        self.emulators = isSimulated ? emulators : nil
+        observer = isSimulated ? EmulatorObserver(emulators: emulators, servo: configuration.servo) : nil
+        dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
+        hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
+        tcp = TCPTransport(loop: loop, hub: hub, logger: logger)
+        control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger, status: { [unowned self] in self.statusOnLoop() })
+    }
+
+    /// Starts everything in order. A device that does not answer is not an
+    /// error here: it is reported and retried; a transport that cannot bind is.
+    public func start(controlSocketPath: String? = nil, tcpOverride: (host: String, port: UInt16)? = nil) throws {
+        // Outputs first: the servo thread switches every output off before it
+        // applies anything, and no transport exists yet to submit anything.
+        servo?.start()
+        lcd?.start()
+        loop.start()
+        let socketPath = controlSocketPath ?? configuration.controlSocketPath
+        try loop.submitAndWait { [self] in
+            if let endpoint = tcpOverride ?? configuration.tcp.map({ ($0.host, $0.port) }) {
+                try tcp.start(host: endpoint.0, port: endpoint.1)
+                transportState["tcp"] = "\(endpoint.0):\(tcp.port ?? endpoint.1)"
+            } else {
+                transportState["tcp"] = "disabled in the board file"
+            }
+            transportState["ble"] = "not built yet"
+            try control.start(path: socketPath)
+            transportState["control"] = socketPath
+            led?.pattern = .slowBlink
+            scheduleLED()
+        }
+    }
+
+    /// Stops in reverse order: transports (sessions end), then the LCD, then
+    /// the servo path, which switches every output off.
+    public func stop() {
+        if loop.isOnLoop == false {
+            try? loop.submitAndWait { [self] in
+                tcp.stop()
+                control.stop()
+                if let ledTimer { loop.cancelTimer(ledTimer) }
+            }
+        }
+        loop.stop()
+        lcd?.stop()
+        servo?.stop()
+        led?.pattern = .off
+        _ = led?.update(at: .now)
+    }
+
+    /// The TCP port actually bound (for tests that ask for port 0).
+    public var tcpPort: UInt16? {
+        try? loop.submitAndWait { [self] in tcp.port }
+    }
+
+    /// The status report, gathered on the loop thread.
+    public func status() throws -> StatusReport {
+        try loop.submitAndWait { [self] in statusOnLoop() }
+    }
+
+    /// Clears servo latency figures (benchmarks measure phases separately).
+    public func resetServoMetrics() { servo?.resetMetrics() }
+
+    // MARK: Loop thread
+
+    private func scheduleLED() {
+        guard let led else { return }
+        let anySession = !hub.sessions.filter { $0.transport != "control" }.isEmpty
+        let servoDown = servo.map { !$0.snapshot().online } ?? false
+        led.pattern = servoDown ? .fastBlink : (anySession ? .heartbeat : .slowBlink)
+        let next = led.update(at: .now) ?? ContinuousClock.now.advanced(by: .milliseconds(500))
+        // Re-evaluate at least twice a second so the pattern follows connects.
+        let deadline = min(next, ContinuousClock.now.advanced(by: .milliseconds(500)))
+        ledTimer = loop.schedule(at: deadline) { [weak self] in self?.scheduleLED() }
+    }
+
+    private func statusOnLoop() -> StatusReport {
+        let now = ContinuousClock.now
+        var channels: [StatusReport.Channel] = []
+        var servoStatus: StatusReport.Servo?
+        if let servo {
+            let snapshot = servo.snapshot()
+            for state in snapshot.channels {
+                let configuration = state.configuration
+                var command: String?
+                var value: Int?
+                switch state.lastCommand {
+                case .servo(let v)?: command = "servo"; value = Int(v)
+                case .pwm(let v)?: command = "pwm"; value = Int(v)
+                case nil: break
+                }
+                let produced = observer?.output(configuration.output) ?? intendedOutput(state)
+                channels.append(StatusReport.Channel(
+                    channel: configuration.channel, output: configuration.output, role: "\(configuration.role)",
+                    enabled: state.enabled, command: command, value: value,
+                    pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000
+                ))
+            }
+            let metrics = snapshot.metrics
+            servoStatus = StatusReport.Servo(
+                online: snapshot.online, error: snapshot.lastError, frequencyHz: (servoFrequency.value * 100).rounded() / 100,
+                updates: metrics.updates, coalesced: metrics.coalesced, flushes: metrics.flushes,
+                busWrites: metrics.busTransactions, failedFlushes: metrics.failedFlushes,
+                latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
+                latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil
+            )
+        }
+        var lcdStatus: StatusReport.LCD?
+        if let lcd, let lcdConfiguration = configuration.lcd {
+            let snapshot = lcd.snapshot()
+            lcdStatus = StatusReport.LCD(
+                online: snapshot.online, error: snapshot.lastError,
+                columns: lcdConfiguration.columns, rows: lcdConfiguration.rows,
+                lines: observer?.displayLines() ?? snapshot.lines, busWrites: snapshot.busTransactions
+            )
+        }
+        let ledStatus = led.map { led in
+            StatusReport.LED(pattern: "\(led.pattern)", lit: observer?.ledLit() ?? led.isLit, error: nil)
+        }
+        let sessions = hub.sessions.map { session in
+            StatusReport.SessionInfo(
+                id: session.id, transport: session.transport, peer: session.peer,
+                bytes: session.counters.bytes, frames: session.counters.frames, errors: session.counters.errors,
+                connectedSeconds: ServoPath.seconds(session.connectedAt.duration(to: now))
+            )
+        }
+        let counters = dispatcher.counters
+        return StatusReport(
+            board: configuration.name, version: BLEControlVersion.string,
+            uptimeSeconds: (ServoPath.seconds(startedAt.duration(to: now)) * 10).rounded() / 10,
+            simulated: observer != nil, channels: channels, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
+            sessions: sessions,
+            counters: StatusReport.Counters(frames: counters.frames, errors: counters.errors, discardedPartials: counters.discardedPartials, sessionsTotal: hub.totalOpened),
+            transports: transportState
+        )
+    }
+
+    /// On hardware, what the driver was asked to produce.
+    private func intendedOutput(_ state: ServoPath.ChannelState) -> (pulse: Double, duty: Double) {
+        guard state.enabled, let output = state.output else { return (0, 0) }
+        let period = 1_000_000 / servoFrequency.value
+        switch output {
+        case .pulse(let width): return (width.value, width.value / period)
+        case .duty(let duty): return (duty * period, duty)
+        }
+    }
+}
+
+/// Reads what the emulated chips decoded from the bus traffic, so status on
+/// the simulator checks the drivers, not the daemon's intentions.
+struct EmulatorObserver: @unchecked Sendable {
+    let emulators: BoardRuntime.Emulators
+    let servo: ServoConfiguration?
+
+    func output(_ output: Int) -> (pulse: Double, duty: Double)? {
+        guard let chip = emulators.pca9685 else { return nil }
+        let produced = chip.output(channel: output)
+        return (produced.pulseWidth.value, produced.duty)
+    }
+
+    func displayLines() -> [String]? {
+        emulators.lcd.map { $0.lcd.lines }
+    }
+
+    func ledLit() -> Bool? {
+        emulators.led?.isActive
+    }
+}
+
+/// The firmware's version, shown in status and `--version`.
+public enum BLEControlVersion {
+    public static let string = "0.1.0"
+}

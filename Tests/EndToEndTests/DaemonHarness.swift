@@ -1,0 +1,230 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the built executables are: scripts/test exports their paths; a
+/// plain `swift test` after `swift build` finds them beside the test bundle.
+enum Executables {
+    static func path(_ name: String, environment variable: String) -> String {
+        if let path = ProcessInfo.processInfo.environment[variable], !path.isEmpty { return path }
+        // The test bundle lives in the same bin directory as the products.
+        let bundle = Bundle.main.bundleURL.deletingLastPathComponent()
+        for directory in [bundle, bundle.deletingLastPathComponent()] {
+            let candidate = directory.appendingPathComponent(name).path
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+        }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        return root.appendingPathComponent(".build/debug/\(name)").path
+    }
+
+    static var daemon: String { path("blecontrold", environment: "BLECONTROLD_BIN") }
+    static var cli: String { path("blecontrol", environment: "BLECONTROL_BIN") }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// The output of a finished process.
+struct Finished {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+}
+
+/// Runs a program to completion (with a time limit) and collects its output.
+func run(_ executable: String, _ arguments: [String], timeout: Duration = .seconds(20)) throws -> Finished {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    let out = Pipe(), err = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    try process.run()
+    // Read while it runs so a full pipe cannot block it.
+    let outData = LockedData(), errData = LockedData()
+    let group = DispatchGroup()
+    for (pipe, sink) in [(out, outData), (err, errData)] {
+        group.enter()
+        DispatchQueue.global().async {
+            sink.set(pipe.fileHandleForReading.readDataToEndOfFile())
+            group.leave()
+        }
+    }
+    let deadline = ContinuousClock.now + timeout
+    while process.isRunning {
+        if ContinuousClock.now > deadline {
+            process.terminate()
+            throw HarnessError(description: "\(executable) \(arguments) did not finish within \(timeout)")
+        }
+        usleep(5_000)
+    }
+    group.wait()
+    return Finished(status: process.terminationStatus, stdout: String(decoding: outData.get(), as: UTF8.self), stderr: String(decoding: errData.get(), as: UTF8.self))
+}
+
+final class LockedData: @unchecked Sendable {
+    private let lock = NSLock()
+    private var data = Data()
+    func set(_ value: Data) { lock.withLock { data = value } }
+    func get() -> Data { lock.withLock { data } }
+}
+
+/// A `blecontrold` on the simulator board, on a free TCP port and a private
+/// control socket, stopped with SIGTERM when the test is done.
+final class SimulatorDaemon {
+    let process = Process()
+    let directory: URL
+    let socketPath: String
+    private(set) var tcpPort: UInt16 = 0
+    private let log: URL
+
+    init(extraArguments: [String] = []) throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-e2e-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        socketPath = directory.appendingPathComponent("control.sock").path
+        log = directory.appendingPathComponent("daemon.log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        process.executableURL = URL(fileURLWithPath: Executables.daemon)
+        process.arguments = ["--control-socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+
+        // Ready when the control socket answers; the TCP port is in status.
+        let deadline = ContinuousClock.now + .seconds(30)
+        while true {
+            if !process.isRunning { throw HarnessError(description: "blecontrold exited (\(process.terminationStatus)):\n\(self.log(tail: 40))") }
+            if FileManager.default.fileExists(atPath: socketPath), let status = try? status(),
+               let tcp = (status["transports"] as? [String: Any])?["tcp"] as? String,
+               let port = tcp.split(separator: ":").last.flatMap({ UInt16($0) }), port != 0 {
+                tcpPort = port
+                return
+            }
+            if ContinuousClock.now > deadline { throw HarnessError(description: "blecontrold did not become ready:\n\(self.log(tail: 40))") }
+            usleep(50_000)
+        }
+    }
+
+    deinit { stop() }
+
+    /// SIGTERM and wait; returns the exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        if process.isRunning {
+            process.terminate()
+            let deadline = ContinuousClock.now + .seconds(10)
+            while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+        }
+        return process.terminationStatus
+    }
+
+    var isRunning: Bool { process.isRunning }
+
+    func log(tail lines: Int) -> String {
+        let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
+    }
+
+    /// `blecontrol status --json`, parsed.
+    func status() throws -> [String: Any] {
+        let result = try cli(["status", "--json"])
+        guard result.status == 0 else { throw HarnessError(description: "status failed (\(result.status)): \(result.stderr)") }
+        guard let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any] else {
+            throw HarnessError(description: "status --json is not an object: \(result.stdout)")
+        }
+        return object
+    }
+
+    /// Runs `blecontrol` against this daemon.
+    func cli(_ arguments: [String]) throws -> Finished {
+        try run(Executables.cli, arguments + ["--socket", socketPath])
+    }
+
+    /// Polls status until `condition` holds (outputs apply asynchronously).
+    func waitFor(_ what: String, timeout: Duration = .seconds(5), _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
+        let deadline = ContinuousClock.now + timeout
+        var last: [String: Any] = [:]
+        while ContinuousClock.now < deadline {
+            last = try status()
+            if condition(last) { return last }
+            usleep(20_000)
+        }
+        throw HarnessError(description: "timed out waiting for \(what); last status: \(last)")
+    }
+}
+
+/// Status accessors.
+extension Dictionary where Key == String, Value == Any {
+    func channel(_ number: Int) -> [String: Any]? {
+        (self["channels"] as? [[String: Any]])?.first { ($0["channel"] as? Int) == number }
+    }
+    func pulse(_ channel: Int) -> Double? { self.channel(channel)?["pulse_us"] as? Double }
+    var lcdLines: [String] { ((self["lcd"] as? [String: Any])?["lines"] as? [String]) ?? [] }
+}
+
+/// A blocking TCP client with timeouts, speaking raw bytes.
+final class TCPClient {
+    let fd: Int32
+
+    init(port: UInt16) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError(description: "socket: \(errno)") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard result == 0 else {
+            close(fd)
+            throw HarnessError(description: "connect to 127.0.0.1:\(port): errno \(errno)")
+        }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    deinit { close(fd) }
+
+    func send(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard written > 0 else { throw HarnessError(description: "send: errno \(errno)") }
+            offset += written
+        }
+    }
+
+    /// Reads until `count` bytes arrived or `timeout` passed; returns what came.
+    func receive(count: Int, timeout: Duration = .seconds(3)) -> [UInt8] {
+        var received: [UInt8] = []
+        let deadline = ContinuousClock.now + timeout
+        while received.count < count {
+            let left = ContinuousClock.now.duration(to: deadline)
+            if left <= .zero { break }
+            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let milliseconds = Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000)
+            guard poll(&pollfd, 1, max(1, milliseconds)) > 0 else { continue }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { break }
+            received += buffer[0..<n]
+        }
+        return received
+    }
+
+    /// True once the peer has closed the connection.
+    func isClosedByPeer(within timeout: Duration) -> Bool {
+        var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let milliseconds = Int32(timeout.components.seconds * 1000)
+        guard poll(&pollfd, 1, milliseconds) > 0 else { return false }
+        var byte: UInt8 = 0
+        return recv(fd, &byte, 1, Int32(MSG_PEEK)) == 0
+    }
+}

@@ -1,0 +1,180 @@
+import BLEControlProtocol
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One PCA9685 step at 50 Hz and 25 MHz: 1 / (25 MHz / (4096 × 122)) / 4096
+/// ≈ 4.88 µs (datasheet §7.3.5 prescale 121).
+private let pulseStep = 4.9
+
+/// The original library's byte sequences (PROTOCOL.md golden vectors).
+private enum Bytes {
+    static let initialize: [UInt8] = [0x00, 0x00]
+    static let enable0: [UInt8] = [0x01, 0x02, 0x00, 0x01]
+    static let servo0At500: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
+    static let servo1At500: [UInt8] = [0x02, 0x03, 0x01, 0x01, 0xF4]
+    static let lcdHello: [UInt8] = [0x04, 0x07, 0x00] + Array("Hello".utf8) + [0x00]
+    static let unknown9: [UInt8] = [0x09, 0x00]
+    static let error9: [UInt8] = [0xFF, 0x01, 0x09]
+}
+
+// One daemon at a time: each test starts its own on free ports, and two
+// cores are busy enough with one.
+@Suite("blecontrold on the simulator board, end to end", .serialized)
+struct SimulatorEndToEndTests {
+    @Test("servo(0, 500) on an enabled channel → 1500 µs; a disabled channel has no pulse; LCD shows Hello; command 9 → FF 01 09")
+    func issueScenario() throws {
+        let daemon = try SimulatorDaemon()
+        let central = try TCPClient(port: daemon.tcpPort)
+        try central.send(Bytes.initialize)
+        try central.send(Bytes.enable0)
+        try central.send(Bytes.servo0At500)
+        try central.send(Bytes.servo1At500)
+        try central.send(Bytes.lcdHello)
+
+        let status = try daemon.waitFor("channel 0 at 1500 µs and Hello on the LCD") { status in
+            guard let pulse = status.pulse(0) else { return false }
+            return abs(pulse - 1500) <= pulseStep && status.lcdLines.first?.hasPrefix("Hello") == true
+        }
+        #expect(abs((status.pulse(0) ?? 0) - 1500) <= pulseStep)
+        #expect(status.pulse(1) == 0, "channel 1 was never enabled")
+        #expect(status.channel(1)?["enabled"] as? Bool == false)
+        #expect(status.lcdLines.first == "Hello" + String(repeating: " ", count: 11))
+        #expect(status.lcdLines.count == 2)
+
+        try central.send(Bytes.unknown9)
+        #expect(central.receive(count: 3) == Bytes.error9)
+        #expect(daemon.isRunning)
+    }
+
+    @Test("The same frames merged into one write and split byte by byte")
+    func splitAndMerged() throws {
+        let daemon = try SimulatorDaemon()
+        let merged = try TCPClient(port: daemon.tcpPort)
+        try merged.send(Bytes.initialize + Bytes.enable0 + Bytes.servo0At500 + Bytes.lcdHello + Bytes.unknown9 + FrameEncoder.encode(.servo(channel: 0, value: 250)))
+        #expect(merged.receive(count: 3) == Bytes.error9)
+        _ = try daemon.waitFor("channel 0 at 1250 µs") { abs(($0.pulse(0) ?? 0) - 1250) <= pulseStep }
+
+        let trickle = try TCPClient(port: daemon.tcpPort)
+        for byte in Bytes.enable0 + FrameEncoder.encode(.servo(channel: 0, value: 1000)) + Bytes.unknown9 + FrameEncoder.encode(.lcdText(line: 1, text: Array("byte by byte".utf8))) {
+            try trickle.send([byte])
+            usleep(2_000)
+        }
+        #expect(trickle.receive(count: 3) == Bytes.error9)
+        let status = try daemon.waitFor("channel 0 at 2000 µs and line 1") {
+            abs(($0.pulse(0) ?? 0) - 2000) <= pulseStep && $0.lcdLines.last?.hasPrefix("byte by byte") == true
+        }
+        #expect(status.lcdLines == ["Hello           ", "byte by byte    "])
+    }
+
+    @Test("Disabling a channel stops its pulse; enabling it again restores the value")
+    func enableDisable() throws {
+        let daemon = try SimulatorDaemon()
+        let central = try TCPClient(port: daemon.tcpPort)
+        try central.send(FrameEncoder.encode(.enable(channel: 2, on: true)) + FrameEncoder.encode(.servo(channel: 2, value: 700)))
+        _ = try daemon.waitFor("channel 2 at 1700 µs") { abs(($0.pulse(2) ?? 0) - 1700) <= pulseStep }
+        try central.send(FrameEncoder.encode(.enable(channel: 2, on: false)))
+        _ = try daemon.waitFor("channel 2 off") { $0.pulse(2) == 0 }
+        try central.send(FrameEncoder.encode(.enable(channel: 2, on: true)))
+        _ = try daemon.waitFor("channel 2 back at 1700 µs") { abs(($0.pulse(2) ?? 0) - 1700) <= pulseStep }
+    }
+
+    @Test("The CLI drives the board and reports ERROR replies")
+    func cli() throws {
+        let daemon = try SimulatorDaemon()
+        #expect(try daemon.cli(["enable", "3", "on"]).status == 0)
+        #expect(try daemon.cli(["servo", "3", "250"]).status == 0)
+        #expect(try daemon.cli(["lcd", "1", "from the CLI"]).status == 0)
+        let status = try daemon.waitFor("channel 3 at 1250 µs") { abs(($0.pulse(3) ?? 0) - 1250) <= pulseStep }
+        #expect(status.lcdLines.last == "from the CLI    ")
+
+        let refused = try daemon.cli(["send", "09 00"])
+        #expect(refused.status == 1)
+        #expect(refused.stdout.contains("ERROR for command 9"))
+        let outOfRange = try daemon.cli(["servo", "200", "10"])
+        #expect(outOfRange.status == 1, "channel 200 is not on the board")
+        #expect(try daemon.cli(["clear"]).status == 0)
+        _ = try daemon.waitFor("a blank display") { $0.lcdLines.allSatisfy { $0.allSatisfy { $0 == " " } } }
+
+        let text = try daemon.cli(["status"])
+        #expect(text.status == 0)
+        #expect(text.stdout.contains("board simulator"))
+        let watch = try daemon.cli(["watch", "--count", "2", "--interval", "50"])
+        #expect(watch.status == 0)
+        #expect(watch.stdout.components(separatedBy: "board simulator").count == 3)
+
+        let counters = try daemon.status()["counters"] as? [String: Any]
+        #expect((counters?["errors"] as? Int ?? 0) >= 2)
+        #expect((counters?["frames"] as? Int ?? 0) >= 4)
+    }
+
+    @Test("Garbage on the TCP port never stops the daemon; sessions come and go")
+    func garbage() throws {
+        let daemon = try SimulatorDaemon()
+        var generator = SplitMix64(seed: 0xB1EC0)
+        for round in 0..<20 {
+            let client = try TCPClient(port: daemon.tcpPort)
+            let count = Int(generator.next() % 4096) + 1
+            let bytes = (0..<count).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
+            try? client.send(bytes)
+            if round % 2 == 0 { _ = client.receive(count: 1, timeout: .milliseconds(20)) }
+        }
+        #expect(daemon.isRunning)
+        let central = try TCPClient(port: daemon.tcpPort)
+        try central.send(Bytes.unknown9)
+        #expect(central.receive(count: 3) == Bytes.error9)
+        let status = try daemon.status()
+        #expect(((status["counters"] as? [String: Any])?["errors"] as? Int ?? 0) > 0)
+        // The 20 garbage sessions are gone; the last central and maybe the
+        // status query's own control session remain.
+        _ = try daemon.waitFor("garbage sessions closed") { (($0["sessions"] as? [[String: Any]])?.filter { ($0["transport"] as? String) == "tcp" }.count) == 1 }
+        #expect(daemon.stop() == 0)
+    }
+
+    @Test("SIGTERM stops the daemon with every output off and exit status 0")
+    func sigterm() throws {
+        let daemon = try SimulatorDaemon()
+        let central = try TCPClient(port: daemon.tcpPort)
+        try central.send(Bytes.enable0 + Bytes.servo0At500)
+        _ = try daemon.waitFor("channel 0 running") { ($0.pulse(0) ?? 0) > 0 }
+        #expect(daemon.stop() == 0)
+        #expect(daemon.log(tail: 5).contains("every output off"))
+        #expect(central.isClosedByPeer(within: .seconds(2)))
+    }
+
+    @Test("A bad board file or bad arguments: a clear message and exit status 2")
+    func badBoardFile() throws {
+        let directory = FileManager.default.temporaryDirectory
+        let board = directory.appendingPathComponent("bad-board-\(UUID().uuidString.prefix(6)).yaml")
+        try "name: bad\nbuses:\n  main:\n    emulated: true\nservo:\n  address: 0x99\n  channels: []\n".write(to: board, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: board) }
+        let result = try run(Executables.daemon, ["--board", board.path])
+        #expect(result.status == 2)
+        #expect(result.stderr.contains("\(board.path):6: servo.address: "), "\(result.stderr)")
+
+        let missing = try run(Executables.daemon, ["--board", "/nonexistent.yaml"])
+        #expect(missing.status == 2)
+        #expect(missing.stderr.contains("/nonexistent.yaml"))
+        #expect(try run(Executables.daemon, ["--tcp", "nowhere"]).status != 0)
+        #expect(try run(Executables.daemon, ["--log-level", "loud"]).status != 0)
+
+        let check = try run(Executables.daemon, ["--check-board"])
+        #expect(check.status == 0)
+    }
+}
+
+/// A small seeded generator so failures reproduce.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

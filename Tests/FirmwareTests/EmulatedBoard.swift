@@ -1,0 +1,104 @@
+import BLEControlProtocol
+import DeviceEmulators
+import Devices
+import Foundation
+import Hardware
+import Logging
+@testable import Firmware
+
+/// The firmware core on an emulated bus, without transports: frames go in
+/// through a `Session`, outputs are read back from the emulated chips.
+final class EmulatedBoard: @unchecked Sendable {
+    let bus = EmulatedI2CBus()
+    let chip = PCA9685Emulator()
+    let display: LCDBackpackEmulator
+    let servo: ServoPath
+    let lcd: LCDService
+    let dispatcher: Dispatcher
+    let configuration: BoardConfiguration
+    private let lock = NSLock()
+    private var sent: [UInt8] = []
+
+    init(yaml: String? = nil, attachDisplay: Bool = true, retryInterval: Duration = .milliseconds(50)) throws {
+        configuration = try BoardFile.parse(yaml ?? EmbeddedBoards.simulator, path: "test.yaml")
+        let servoConfiguration = configuration.servo!
+        let lcdConfiguration = configuration.lcd!
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        let arbiter = BusArbiter(bus: bus)
+        bus.attach(chip, at: servoConfiguration.address)
+        display = LCDBackpackEmulator(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows, pinMap: lcdConfiguration.pins)
+        if attachDisplay { bus.attach(display, at: lcdConfiguration.address) }
+        let driver = PCA9685(
+            bus: arbiter.client(.servo),
+            configuration: PCA9685.Configuration(address: servoConfiguration.address, frequency: servoConfiguration.frequency, oscillator: servoConfiguration.oscillator, totemPole: true),
+            logger: logger
+        )
+        servo = ServoPath(driver: driver, channels: servoConfiguration.channels, retryInterval: retryInterval, logger: logger)
+        let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
+        let hd44780 = HD44780(bus: arbiter.client(.display), backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins), geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger)
+        lcd = LCDService(driver: hd44780, geometry: geometry, probeInterval: retryInterval, logger: logger)
+        dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
+        servo.start()
+        lcd.start()
+    }
+
+    deinit {
+        lcd.stop()
+        servo.stop()
+    }
+
+    /// A session like a transport's; replies are collected in `replies`.
+    func session(idleTimeout: Duration? = .milliseconds(500)) -> Session {
+        Session(id: 1, transport: "test", peer: "test", dispatcher: dispatcher, idleTimeout: idleTimeout) { [self] frame in
+            lock.withLock { sent += frame }
+        }
+    }
+
+    /// Everything sent back so far, then forgotten.
+    func takeReplies() -> [UInt8] {
+        lock.withLock {
+            defer { sent.removeAll() }
+            return sent
+        }
+    }
+
+    /// Waits until everything dispatched has reached the emulated chips.
+    @discardableResult
+    func settle(timeout: Duration = .seconds(5)) -> String? {
+        let done = DispatchSemaphore(value: 0)
+        let result = LockedBox<String?>(nil)
+        dispatcher.whenApplied { error in
+            result.value = error
+            done.signal()
+        }
+        let seconds = Double(timeout.components.seconds)
+        return done.wait(timeout: .now() + seconds) == .timedOut ? "timed out" : result.value
+    }
+
+    func pulse(_ output: Int) -> Double { chip.output(channel: output).pulseWidth.value }
+    var lines: [String] { display.lcd.lines }
+
+    /// Polls `condition` for up to `timeout` (recovery paths run on timers).
+    func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if condition() { return true }
+            usleep(5_000)
+        }
+        return condition()
+    }
+}
+
+final class LockedBox<Value>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: Value
+    init(_ value: Value) { stored = value }
+    var value: Value {
+        get { lock.withLock { stored } }
+        set { lock.withLock { stored = newValue } }
+    }
+}
+
+/// One PCA9685 step at 50 Hz (datasheet §7.3.5: prescale 121 at 25 MHz).
+let pulseStep = 4.9
