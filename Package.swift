@@ -56,7 +56,10 @@ let package = Package(
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),
         .testTarget(name: "DeviceEmulatorsTests", dependencies: ["DeviceEmulators", "Hardware"]),
-        .testTarget(name: "DevicesTests", dependencies: ["Devices", "DeviceEmulators", "Hardware"]),
+        .testTarget(name: "DevicesTests", dependencies: [
+            "Devices", "DeviceEmulators", "Hardware",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .testTarget(name: "FirmwareTests", dependencies: [
             "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware",
             .product(name: "Logging", package: "swift-log"),

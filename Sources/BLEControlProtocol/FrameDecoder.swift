@@ -59,7 +59,9 @@ public struct FrameDecoder: Sendable {
 
         /// The most bytes a decoder with this configuration ever buffers.
         public var maximumBufferedBytes: Int {
-            FrameDecoder.maximumFrameLength + max(0, textSearchLimit)
+            // Saturate: an absurd search limit must not trap here.
+            let (sum, overflow) = FrameDecoder.maximumFrameLength.addingReportingOverflow(max(0, textSearchLimit))
+            return overflow ? Int.max : sum
         }
     }
 
@@ -130,9 +132,12 @@ public struct FrameDecoder: Sendable {
         if let event = expire(at: now) {
             try body(event)
         }
-        guard !bytes.isEmpty else { return }
-        lastByteAt = now
-        // Bytes left unexamined by a `body` that threw last time come first.
+        // An empty write is not a sign of life: it must not postpone the deadline.
+        if !bytes.isEmpty {
+            lastByteAt = now
+        }
+        // Bytes left unexamined by a `body` that threw last time come first,
+        // even when this call brings no new ones.
         try drain(body)
         for byte in bytes {
             buffer.append(byte)

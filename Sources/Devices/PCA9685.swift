@@ -178,7 +178,8 @@ public final class PCA9685: @unchecked Sendable {
         // Now that Auto-Increment is on, load a known image into every
         // channel (counts 0, full OFF) so that later flushes can diff
         // against it instead of reading the chip.
-        try write(Register.allLEDOnLow, LEDRegisters.fullOff.bytes)
+        var ignored = 0
+        try writeInPieces(Register.allLEDOnLow, LEDRegisters.fullOff.bytes, transactions: &ignored)
 
         // Wake. The oscillator needs up to 500 µs before PWM timing is
         // valid and before RESTART may be written (§7.3.1.1, Table 5 note).
@@ -303,14 +304,16 @@ public final class PCA9685: @unchecked Sendable {
         // One pointer byte, then data (§7.2).
         let dataLimit = bus.maxWriteLength.map { $0 - 1 }
         if let dataLimit, dataLimit < registersPerChannel {
-            // An adapter this limited cannot carry one channel per message;
-            // write it in pieces (the chip applies each at its STOP).
+            // An adapter this limited cannot carry one channel per message:
+            // write each channel in pieces. The chip applies each piece at its
+            // STOP, so for one PWM period a channel may show a mix of old and
+            // new counts; no real adapter is this short (SMBus carries 33).
             guard dataLimit >= 1 else {
                 throw I2CError(.notSupported, address: configuration.address,
                                context: "writes of \(dataLimit + 1) bytes cannot carry a register address and data")
             }
             for channel in run {
-                try writeChannelInPieces(channel, dataLimit: dataLimit, transactions: &transactions)
+                try writeChannelInPieces(channel, transactions: &transactions)
             }
             return
         }
@@ -335,18 +338,23 @@ public final class PCA9685: @unchecked Sendable {
         }
     }
 
-    private func writeChannelInPieces(_ channel: Int, dataLimit: Int, transactions: inout Int) throws {
-        let bytes = desired[channel].bytes
-        let base = Register.ledOnLow(channel)!.rawValue
-        var offset = 0
+    private func writeChannelInPieces(_ channel: Int, transactions: inout Int) throws {
         chip[channel] = nil
-        while offset < bytes.count {
-            let end = min(offset + dataLimit, bytes.count)
-            try bus.write([base + UInt8(offset)] + bytes[offset..<end], to: configuration.address)
+        try writeInPieces(Register.ledOnLow(channel)!, desired[channel].bytes, transactions: &transactions)
+        chip[channel] = desired[channel]
+    }
+
+    /// Writes consecutive registers from `first` on (Auto-Increment), in as
+    /// many messages as the bus's write limit needs.
+    private func writeInPieces(_ first: Register, _ data: [UInt8], transactions: inout Int) throws {
+        let dataLimit = max((bus.maxWriteLength ?? (data.count + 1)) - 1, 1)
+        var offset = 0
+        while offset < data.count {
+            let end = min(offset + dataLimit, data.count)
+            try bus.write([first.rawValue + UInt8(offset)] + data[offset..<end], to: configuration.address)
             transactions += 1
             offset = end
         }
-        chip[channel] = desired[channel]
     }
 
     private func write(_ register: Register, _ data: [UInt8]) throws {

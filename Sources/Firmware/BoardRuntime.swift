@@ -124,7 +124,8 @@ public final class BoardRuntime: @unchecked Sendable {
         dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, logger: logger)
-        control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger, status: { [unowned self] in self.statusOnLoop() })
+        control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
+        control.statusProvider = { [unowned self] in self.statusOnLoop() }
     }
 
     /// Starts everything in order. A device that does not answer is not an

@@ -185,7 +185,7 @@ extension BLEControlCLI {
                 // without the flicker of a full clear.
                 if terminal { print("\u{1B}[H\u{1B}[J", terminator: "") }
                 print(StatusText.render(status), terminator: terminal ? "" : "\n")
-                fflush(stdout)
+                fflush(nil)  // all streams: `stdout` is a global var Swift 6 will not touch
                 shown += 1
                 if count == 0 || shown < count { usleep(useconds_t(interval * 1000)) }
             }

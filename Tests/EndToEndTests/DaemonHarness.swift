@@ -86,7 +86,7 @@ final class SimulatorDaemon {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         socketPath = directory.appendingPathComponent("control.sock").path
         log = directory.appendingPathComponent("daemon.log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = URL(fileURLWithPath: Executables.daemon)
         process.arguments = ["--control-socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
         let handle = try FileHandle(forWritingTo: log)

@@ -76,9 +76,9 @@ struct BoardFileTests {
     func unknownKey() {
         let found = problems(minimal + "\nservo:\n  frequncy_hz: 50\n  channels: []\n")
         #expect(found.count == 1)
-        #expect(found.first?.line == 7)
+        #expect(found.first?.line == 6)
         #expect(found.first?.field == "servo.frequncy_hz")
-        #expect(found.first?.description.hasPrefix("test.yaml:7: servo.frequncy_hz: unknown key") == true)
+        #expect(found.first?.description.hasPrefix("test.yaml:6: servo.frequncy_hz: unknown key") == true)
     }
 
     @Test("Every problem is reported, not only the first")

@@ -136,7 +136,7 @@ struct FirmwareCoreTests {
     func servoFault() throws {
         let board = try EmulatedBoard()
         let session = board.session()
-        #expect(board.settle() == nil)
+        #expect(board.eventually { board.servo.snapshot().online })
         board.bus.injectFault(.noAcknowledge, at: I2CAddress(0x40)!, count: 3)
         session.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 250)))
         #expect(board.eventually { abs(board.pulse(0) - 1250) <= pulseStep })
@@ -150,8 +150,8 @@ struct FirmwareCoreTests {
         let board = try EmulatedBoard(attachDisplay: false)
         let session = board.session()
         session.receive(FrameEncoder.encode(.lcdText(line: 0, text: Array("late".utf8))))
-        #expect(board.eventually { board.lcd.snapshot().online == false })
-        #expect(board.lcd.snapshot().lastError != nil)
+        #expect(board.eventually { board.lcd.snapshot().lastError != nil })
+        #expect(board.lcd.snapshot().online == false)
         board.bus.attach(board.display, at: I2CAddress(0x27)!)
         #expect(board.eventually { board.lines.first == "late            " })
     }

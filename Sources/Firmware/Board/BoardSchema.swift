@@ -141,7 +141,7 @@ extension BoardReader {
             if let minimum, let maximum {
                 if minimum >= maximum { fail(fields.entries["min_us"] ?? item, "\(field).min_us", "must be below max_us (\(BoardReader.show(maximum)))") }
                 if center == nil { center = (minimum + maximum) / 2 }
-                if let center, !(minimum...maximum).contains(center) {
+                if let center, minimum < maximum, !(minimum...maximum).contains(center) {
                     fail(fields.entries["center_us"], "\(field).center_us", "must lie within min_us…max_us")
                 }
             }

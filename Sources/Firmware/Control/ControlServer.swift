@@ -11,7 +11,9 @@ public final class ControlServer: @unchecked Sendable {
     private let loop: EventLoop
     private let hub: SessionHub
     private let dispatcher: Dispatcher
-    private let status: () -> StatusReport
+    /// Gathers the status report (on the loop thread). Set by the owner
+    /// right after init, because the report needs the fully built runtime.
+    var statusProvider: (() -> StatusReport)?
     private let logger: Logger
     private var listener: FileDescriptor?
     private var token: EventLoop.Token?
@@ -29,12 +31,11 @@ public final class ControlServer: @unchecked Sendable {
         init(connection: StreamConnection) { self.connection = connection }
     }
 
-    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger, status: @escaping () -> StatusReport) {
+    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
         self.loop = loop
         self.hub = hub
         self.dispatcher = dispatcher
         self.logger = logger
-        self.status = status
     }
 
     public func start(path: String) throws {
@@ -99,7 +100,10 @@ public final class ControlServer: @unchecked Sendable {
         }
         switch request.op {
         case "status":
-            respond(ControlProtocol.Response(ok: true, status: status()), to: client)
+            guard let statusProvider else {
+                return respond(ControlProtocol.Response(ok: false, error: "status is not available yet"), to: client)
+            }
+            respond(ControlProtocol.Response(ok: true, status: statusProvider()), to: client)
         case "send":
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)

@@ -66,7 +66,7 @@ enum Sockets {
         }
         let fd = try check("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         do {
-            try withUnsafePointer(to: &address) { pointer in
+            _ = try withUnsafePointer(to: &address) { pointer in
                 try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
                     try check("bind \(path)") { bind(fd, sa, socklen_t(MemoryLayout<sockaddr_un>.size)) }
                 }
@@ -85,7 +85,7 @@ enum Sockets {
         var address = try unixAddress(path)
         let fd = try check("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         do {
-            try withUnsafePointer(to: &address) { pointer in
+            _ = try withUnsafePointer(to: &address) { pointer in
                 try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
                     try check("connect \(path)") { connect(fd, sa, socklen_t(MemoryLayout<sockaddr_un>.size)) }
                 }
