@@ -9,7 +9,7 @@ var packageDependencies: [Package.Dependency] = [
     .package(url: "https://github.com/apple/swift-system", from: "1.3.0"),
     .package(url: "https://github.com/jpsim/Yams", from: "5.0.0"),
 ]
-var protocolTestDependencies: [Target.Dependency] = ["BLEControlProtocol"]
+var protocolTestDependencies: [Target.Dependency] = ["BLEControlProtocol", "TestSupport"]
 
 // swift-property-based only exists for tools 6.1+; with an older toolchain the
 // property tests fall back to the package's own seeded generator.
@@ -29,6 +29,8 @@ let package = Package(
     dependencies: packageDependencies,
     targets: [
         .target(name: "BLEControlProtocol"),
+        // Seeded inputs and a loopback client shared by tests and benchmarks.
+        .target(name: "TestSupport"),
         .target(name: "Hardware"),
         .target(name: "Devices", dependencies: [
             "Hardware",
@@ -51,7 +53,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "blecontrol-bench", dependencies: [
-            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware",
+            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),
@@ -64,7 +66,7 @@ let package = Package(
             "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

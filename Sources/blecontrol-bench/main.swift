@@ -5,6 +5,7 @@ import Firmware
 import Foundation
 import Hardware
 import Logging
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -13,19 +14,6 @@ import Glibc
 // Benchmarks of issue #2: figures printed, never pass/fail. Run with
 // `scripts/bench` (release build). Machines are shared and noisy: compare
 // figures from one run, not across runs.
-
-/// The same seeded generator as the tests, so inputs are identical per run.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 func seconds(_ duration: Duration) -> Double {
     Double(duration.components.seconds) + Double(duration.components.attoseconds) * 1e-18
@@ -102,32 +90,6 @@ func startSimulator() throws -> BoardRuntime {
     return runtime
 }
 
-final class Central {
-    let fd: Int32
-    init(port: UInt16) {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        precondition(result == 0, "connect failed: \(errno)")
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-    }
-    deinit { close(fd) }
-    func send(_ bytes: [UInt8]) {
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            precondition(n > 0, "send failed: \(errno)")
-            offset += n
-        }
-    }
-}
-
 /// Spins until `condition` holds; the emulator is read under its own lock.
 func spin(until deadline: ContinuousClock.Instant, _ condition: () -> Bool) -> Bool {
     while !condition() {
@@ -141,8 +103,8 @@ func benchmarkLatency(frames: Int) throws {
     let runtime = try startSimulator()
     defer { runtime.stop() }
     guard let chip = runtime.emulators?.pca9685, let port = runtime.tcpPort else { fatalError("the simulator board has no emulated PCA9685 or TCP port") }
-    let central = Central(port: port)
-    central.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
+    let central = try LoopbackTCPClient(port: port)
+    try central.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
 
     // 1. One frame at a time: from the send() of a SERVO_VAL to the moment
     //    the emulated PCA9685's registers produce the new pulse.
@@ -153,7 +115,7 @@ func benchmarkLatency(frames: Int) throws {
         let value: UInt16 = index % 2 == 0 ? 100 : 900
         let expected = 1000 + Double(value)
         let start = ContinuousClock.now
-        central.send(FrameEncoder.encode(.servo(channel: 0, value: value)))
+        try central.send(FrameEncoder.encode(.servo(channel: 0, value: value)))
         if spin(until: start + .seconds(1), { abs(chip.output(channel: 0).pulseWidth.value - expected) < 5 }) {
             perFrame.record(ContinuousClock.now - start)
         } else {
@@ -172,11 +134,11 @@ func benchmarkLatency(frames: Int) throws {
     for index in 0..<frames { FrameEncoder.encode(.servo(channel: UInt8(index % 8), value: UInt16(index % 1001)), into: &stream) }
     let lastChannel = (frames - 1) % 8
     let lastPulse = 1000 + Double((frames - 1) % 1001)
-    central.send(FrameEncoder.encode(.enable(channel: UInt8(lastChannel), on: true)))
+    try central.send(FrameEncoder.encode(.enable(channel: UInt8(lastChannel), on: true)))
     let start = ContinuousClock.now
     var offset = 0
     while offset < stream.count {
-        central.send(Array(stream[offset..<min(offset + 20, stream.count)]))
+        try central.send(Array(stream[offset..<min(offset + 20, stream.count)]))
         offset += 20
     }
     _ = spin(until: start + .seconds(10)) { abs(chip.output(channel: lastChannel).pulseWidth.value - lastPulse) < 5 }
@@ -212,10 +174,10 @@ func benchmarkWritesPerFlush() throws {
     let runtime = try startSimulator()
     defer { runtime.stop() }
     guard let emulated = runtime.emulators?.pca9685, let port = runtime.tcpPort else { return }
-    let central = Central(port: port)
+    let central = try LoopbackTCPClient(port: port)
     var enable: [UInt8] = []
     for channel in 0..<8 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
-    central.send(enable)
+    try central.send(enable)
     usleep(200_000)
     var rounds = 0
     var totalWrites = 0
@@ -225,7 +187,7 @@ func benchmarkWritesPerFlush() throws {
         var frames: [UInt8] = []
         let value = UInt16(round % 2 == 0 ? 200 : 800)
         for channel in 0..<8 { FrameEncoder.encode(.servo(channel: UInt8(channel), value: value), into: &frames) }
-        central.send(frames)
+        try central.send(frames)
         _ = spin(until: .now + .seconds(1)) { (0..<8).allSatisfy { abs(emulated.output(channel: $0).pulseWidth.value - 1000 - Double(value)) < 5 } }
         let after = try runtime.status().servo
         totalWrites += (after?.busWrites ?? 0) - (before?.busWrites ?? 0)

@@ -1,4 +1,5 @@
 import BLEControlProtocol
+import TestSupport
 import Testing
 
 /// A frame that cannot be decoded, with the error it must yield.

@@ -1,4 +1,5 @@
 import BLEControlProtocol
+import TestSupport
 import Testing
 
 /// The byte sequences of PROTOCOL.md's frame table, which the original iOS

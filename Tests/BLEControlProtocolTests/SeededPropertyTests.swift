@@ -1,4 +1,5 @@
 import BLEControlProtocol
+import TestSupport
 import Testing
 
 /// The properties driven by SplitMix64 with fixed seeds: they run on every

@@ -1,27 +1,10 @@
 import BLEControlProtocol
+import TestSupport
 import Testing
 
 // Shared fixtures and input generators. The generators take any
 // `RandomNumberGenerator`, so the same code feeds the seeded fallback
 // (`SplitMix64`, any toolchain) and PropertyBased (Swift ≥ 6.1).
-
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, seedable, good enough to
-/// drive test inputs reproducibly without Foundation or a package.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) {
-        state = seed
-    }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// One wire vector: a message and the exact bytes PROTOCOL.md gives it.
 struct GoldenVector: Sendable, CustomStringConvertible {

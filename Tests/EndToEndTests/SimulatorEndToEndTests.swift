@@ -1,5 +1,6 @@
 import BLEControlProtocol
 import Foundation
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -28,7 +29,7 @@ struct SimulatorEndToEndTests {
     @Test("servo(0, 500) on an enabled channel → 1500 µs; a disabled channel has no pulse; LCD shows Hello; command 9 → FF 01 09")
     func issueScenario() throws {
         let daemon = try SimulatorDaemon()
-        let central = try TCPClient(port: daemon.tcpPort)
+        let central = try LoopbackTCPClient(port: daemon.tcpPort)
         try central.send(Bytes.initialize)
         try central.send(Bytes.enable0)
         try central.send(Bytes.servo0At500)
@@ -53,12 +54,12 @@ struct SimulatorEndToEndTests {
     @Test("The same frames merged into one write and split byte by byte")
     func splitAndMerged() throws {
         let daemon = try SimulatorDaemon()
-        let merged = try TCPClient(port: daemon.tcpPort)
+        let merged = try LoopbackTCPClient(port: daemon.tcpPort)
         try merged.send(Bytes.initialize + Bytes.enable0 + Bytes.servo0At500 + Bytes.lcdHello + Bytes.unknown9 + FrameEncoder.encode(.servo(channel: 0, value: 250)))
         #expect(merged.receive(count: 3) == Bytes.error9)
         _ = try daemon.waitFor("channel 0 at 1250 µs") { abs(($0.pulse(0) ?? 0) - 1250) <= pulseStep }
 
-        let trickle = try TCPClient(port: daemon.tcpPort)
+        let trickle = try LoopbackTCPClient(port: daemon.tcpPort)
         for byte in Bytes.enable0 + FrameEncoder.encode(.servo(channel: 0, value: 1000)) + Bytes.unknown9 + FrameEncoder.encode(.lcdText(line: 1, text: Array("byte by byte".utf8))) {
             try trickle.send([byte])
             usleep(2_000)
@@ -73,7 +74,7 @@ struct SimulatorEndToEndTests {
     @Test("Disabling a channel stops its pulse; enabling it again restores the value")
     func enableDisable() throws {
         let daemon = try SimulatorDaemon()
-        let central = try TCPClient(port: daemon.tcpPort)
+        let central = try LoopbackTCPClient(port: daemon.tcpPort)
         try central.send(FrameEncoder.encode(.enable(channel: 2, on: true)) + FrameEncoder.encode(.servo(channel: 2, value: 700)))
         _ = try daemon.waitFor("channel 2 at 1700 µs") { abs(($0.pulse(2) ?? 0) - 1700) <= pulseStep }
         try central.send(FrameEncoder.encode(.enable(channel: 2, on: false)))
@@ -116,14 +117,14 @@ struct SimulatorEndToEndTests {
         let daemon = try SimulatorDaemon()
         var generator = SplitMix64(seed: 0xB1EC0)
         for round in 0..<20 {
-            let client = try TCPClient(port: daemon.tcpPort)
+            let client = try LoopbackTCPClient(port: daemon.tcpPort)
             let count = Int(generator.next() % 4096) + 1
             let bytes = (0..<count).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
             try? client.send(bytes)
             if round % 2 == 0 { _ = client.receive(count: 1, timeout: .milliseconds(20)) }
         }
         #expect(daemon.isRunning)
-        let central = try TCPClient(port: daemon.tcpPort)
+        let central = try LoopbackTCPClient(port: daemon.tcpPort)
         try central.send(Bytes.unknown9)
         #expect(central.receive(count: 3) == Bytes.error9)
         let status = try daemon.status()
@@ -137,7 +138,7 @@ struct SimulatorEndToEndTests {
     @Test("SIGTERM stops the daemon with every output off and exit status 0")
     func sigterm() throws {
         let daemon = try SimulatorDaemon()
-        let central = try TCPClient(port: daemon.tcpPort)
+        let central = try LoopbackTCPClient(port: daemon.tcpPort)
         try central.send(Bytes.enable0 + Bytes.servo0At500)
         _ = try daemon.waitFor("channel 0 running") { ($0.pulse(0) ?? 0) > 0 }
         #expect(daemon.stop() == 0)
@@ -163,18 +164,5 @@ struct SimulatorEndToEndTests {
 
         let check = try run(Executables.daemon, ["--check-board"])
         #expect(check.status == 0)
-    }
-}
-
-/// A small seeded generator so failures reproduce.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

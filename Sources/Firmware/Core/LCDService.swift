@@ -19,14 +19,14 @@ public final class LCDService: @unchecked Sendable {
     private let geometry: LCDGeometry
     private let logger: Logger
     private let probeInterval: Duration
-    private let condition = NSCondition()
     private var edits: [Edit] = []
     private var tracker = ApplyTracker()
     private var online = false
     private var lastError: String?
-    private var stopping = false
-    private var thread: Thread?
-    private let finished = DispatchSemaphore(value: 0)
+    private let worker = ServiceThread(name: "blecontrol-lcd")
+    private var condition: NSCondition { worker.condition }
+    /// Read with `condition` locked.
+    private var stopping: Bool { worker.isStopping }
     /// What the framebuffer holds, as text (the driver's copy is the LCD thread's).
     private var shownLines: [String]
     private var busTransactions = 0
@@ -43,25 +43,11 @@ public final class LCDService: @unchecked Sendable {
     public var rows: Int { geometry.rows }
 
     public func start() {
-        let thread = Thread { [self] in
-            run()
-            finished.signal()
-        }
-        thread.name = "blecontrol-lcd"
-        self.thread = thread
-        thread.start()
+        worker.start { [self] in run() }
     }
 
     public func stop() {
-        condition.withLock {
-            stopping = true
-            condition.broadcast()
-        }
-        // Idempotent: the second stop finds no thread to wait for.
-        if thread != nil {
-            finished.wait()
-            thread = nil
-        }
+        worker.stop()
     }
 
     /// LCD_TEXT: replace one line with `text` (UTF-8 bytes as sent).

@@ -45,16 +45,16 @@ public final class ServoPath: @unchecked Sendable {
 
     private let driver: PCA9685
     private let logger: Logger
-    private let condition = NSCondition()
     private var channels: [Int: ChannelState]
     private var pending: [Int: Pending] = [:]
     private var metrics = Metrics()
     private var tracker = ApplyTracker()
     private var online = false
     private var lastError: String?
-    private var stopping = false
-    private var thread: Thread?
-    private let finished = DispatchSemaphore(value: 0)
+    private let worker = ServiceThread(name: "blecontrol-servo")
+    private var condition: NSCondition { worker.condition }
+    /// Read with `condition` locked.
+    private var stopping: Bool { worker.isStopping }
     private let retryInterval: Duration
 
     /// - Parameter retryInterval: how long to wait before retrying a chip that
@@ -76,27 +76,13 @@ public final class ServoPath: @unchecked Sendable {
     /// Starts the servo thread, which initialises the chip (every output off
     /// first) before it applies anything.
     public func start() {
-        let thread = Thread { [self] in
-            run()
-            finished.signal()
-        }
-        thread.name = "blecontrol-servo"
-        self.thread = thread
-        thread.start()
+        worker.start { [self] in run() }
     }
 
     /// Stops the thread, then switches every output off without sleeping the
     /// chip (sleep cuts a pulse short and ESCs twitch).
     public func stop() {
-        condition.withLock {
-            stopping = true
-            condition.broadcast()
-        }
-        // Idempotent: the second stop finds no thread to wait for.
-        if thread != nil {
-            finished.wait()
-            thread = nil
-        }
+        worker.stop()
         do {
             try driver.allOff()
         } catch {
