@@ -63,7 +63,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "FirmwareTests", dependencies: [
-            "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware",
+            "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),

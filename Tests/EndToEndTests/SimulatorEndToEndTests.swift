@@ -146,6 +146,30 @@ struct SimulatorEndToEndTests {
         #expect(central.isClosedByPeer(within: .seconds(2)))
     }
 
+    @Test("Garbage on the control socket gets error replies, never a crash")
+    func controlGarbage() throws {
+        let daemon = try SimulatorDaemon()
+        let answers = try daemon.rawControl(Array("not json\n{\"op\":\"fly\"}\n{\"op\":\"send\",\"hex\":\"zz\"}\n{\"op\":\"send\",\"hex\":\"0900\"}\n".utf8))
+        let lines = answers.split(separator: "\n")
+        #expect(lines.count == 4, "\(answers)")
+        #expect(lines.prefix(3).allSatisfy { $0.contains("\"ok\":false") })
+        #expect(lines.last?.contains("ff0109") == true)
+        var generator = SplitMix64(seed: 7)
+        _ = try daemon.rawControl((0..<200_000).map { _ in UInt8(truncatingIfNeeded: generator.next()) }, timeout: .milliseconds(500))
+        #expect(daemon.isRunning)
+        #expect(try daemon.cli(["status"]).status == 0)
+    }
+
+    @Test("A second daemon on the same control socket refuses to start; the first keeps running")
+    func secondDaemon() throws {
+        let daemon = try SimulatorDaemon()
+        let second = try run(Executables.daemon, ["--control-socket", daemon.socketPath, "--tcp", "127.0.0.1:0"])
+        #expect(second.status == 1)
+        #expect(second.stderr.contains("another process"), "\(second.stderr)")
+        #expect(daemon.isRunning)
+        #expect(try daemon.cli(["status"]).status == 0)
+    }
+
     @Test("A bad board file or bad arguments: a clear message and exit status 2")
     func badBoardFile() throws {
         let directory = FileManager.default.temporaryDirectory

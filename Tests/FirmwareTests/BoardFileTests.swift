@@ -1,5 +1,6 @@
 import Foundation
 import Hardware
+import TestSupport
 import Testing
 @testable import Firmware
 
@@ -162,5 +163,41 @@ struct BoardFileTests {
         #expect(TCPConfiguration(endpoint: "::1:80") == nil)
         #expect(TCPConfiguration(endpoint: "localhost:7171") == TCPConfiguration(host: "localhost", port: 7171))
         #expect(TCPConfiguration(endpoint: "127.0.0.1:70000") == nil)
+    }
+
+    @Test("Thousands of mangled board files: each parses or is refused with located problems, never a crash")
+    func mangled() throws {
+        let original = EmbeddedBoards.simulator.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let replacements = ["", "-1", "0x", "99999999999999999999", "[", "{", "}", ":", "- ", "  ", "\t", "true", "~", "&a", "*a", "!!binary", "\"", "é", "0", "3.5", "nan"]
+        var generator = SplitMix64(seed: 2026)
+        var refused = 0
+        for _ in 0..<1500 {
+            var lines = original
+            for _ in 0..<Int(generator.next() % 3 + 1) {
+                let index = Int(generator.next() % UInt64(lines.count))
+                switch generator.next() % 5 {
+                case 0: lines.remove(at: index)
+                case 1: lines.insert(lines[index], at: index)
+                case 2:
+                    var line = Array(lines[index])
+                    if !line.isEmpty { line.remove(at: Int(generator.next() % UInt64(line.count))) }
+                    lines[index] = String(line)
+                default:
+                    // Replace a value with something odd.
+                    let line = lines[index]
+                    let odd = replacements[Int(generator.next() % UInt64(replacements.count))]
+                    if let colon = line.firstIndex(of: ":") { lines[index] = String(line[...colon]) + " " + odd } else { lines[index] = odd }
+                }
+                if lines.isEmpty { lines = [""] }
+            }
+            do {
+                _ = try BoardFile.parse(lines.joined(separator: "\n"), path: "fuzz.yaml")
+            } catch {
+                refused += 1
+                #expect(!error.problems.isEmpty)
+                #expect(error.description.hasPrefix("fuzz.yaml:"))
+            }
+        }
+        #expect(refused > 100)
     }
 }

@@ -54,13 +54,18 @@ enum Sockets {
     }
 
     /// A listening Unix stream socket at `path`; a stale socket file left by
-    /// a crashed daemon is replaced, anything else at that path is an error.
+    /// a crashed daemon is replaced, a socket some live process still answers
+    /// on (a second daemon) or anything else at that path is an error.
     static func listenUnix(path: String, mode: mode_t = 0o660, backlog: Int32 = 8) throws -> FileDescriptor {
         var address = try unixAddress(path)
         var info = stat()
         if lstat(path, &info) == 0 {
             guard (info.st_mode & S_IFMT) == S_IFSOCK else {
                 throw Failure(call: "bind \(path): exists and is not a socket", errno: .fileExists)
+            }
+            if let live = try? connectUnix(path: path) {
+                try? live.close()
+                throw Failure(call: "bind \(path): another process (a second blecontrold?) is listening there", errno: .addressInUse)
             }
             unlink(path)
         }
