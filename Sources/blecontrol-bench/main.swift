@@ -128,27 +128,30 @@ func benchmarkLatency(frames: Int) throws {
     // 2. A stream: all frames back to back in 20-byte writes; the servo
     //    path's own histogram (socket read → bus write complete) and how
     //    many updates coalesced.
-    runtime.resetServoMetrics()
-    let before = try runtime.status().servo
     var stream: [UInt8] = []
     for index in 0..<frames { FrameEncoder.encode(.servo(channel: UInt8(index % 8), value: UInt16(index % 1001)), into: &stream) }
-    let lastChannel = (frames - 1) % 8
-    let lastPulse = 1000 + Double((frames - 1) % 1001)
-    try central.send(FrameEncoder.encode(.enable(channel: UInt8(lastChannel), on: true)))
+    // The stream's values recur, so completion is marked by a PWM_VAL on
+    // the pwm channel 7: a 33.3 % duty no SERVO_VAL frame can produce.
+    let marker = FrameEncoder.encode(.pwm(channel: 7, value: 333))
+    // Every channel enabled: values on a stopped channel change no register.
+    for channel in UInt8(0)..<8 { try central.send(FrameEncoder.encode(.enable(channel: channel, on: true))) }
+    usleep(100_000)
+    runtime.resetServoMetrics()
     let start = ContinuousClock.now
     var offset = 0
     while offset < stream.count {
         try central.send(Array(stream[offset..<min(offset + 20, stream.count)]))
         offset += 20
     }
-    _ = spin(until: start + .seconds(10)) { abs(chip.output(channel: lastChannel).pulseWidth.value - lastPulse) < 5 }
+    try central.send(marker)
+    _ = spin(until: start + .seconds(10)) { abs(chip.output(channel: 7).duty - 0.333) < 0.001 }
     let elapsed = ContinuousClock.now - start
     let after = try runtime.status().servo
     if let servo = after {
         print("stream of \(frames) servo frames over 8 channels in 20-byte writes (\(format(Double(frames) / seconds(elapsed), 0)) frames/s end to end):")
         print("  socket read → bus write complete: p50 \(servo.latencyP50Us ?? -1) µs  p99 \(servo.latencyP99Us ?? -1) µs  max \(servo.latencyMaxUs ?? -1) µs")
-        let flushes = servo.flushes - (before?.flushes ?? 0)
-        let writes = servo.busWrites - (before?.busWrites ?? 0)
+        let flushes = servo.flushes
+        let writes = servo.busWrites
         print("  \(servo.updates) updates, \(servo.coalesced) coalesced, \(flushes) flushes, \(writes) bus writes (naive: \(frames) writes, one per frame)")
     }
 }
@@ -165,7 +168,7 @@ func benchmarkWritesPerFlush() throws {
         driver.stage(.pulse(Microseconds(1000 + Double(channel) * 100)), channel: channel)
     }
     let contiguous = try driver.flush()
-    for channel in stride(from: 0, to: 16, by: 2) { driver.stage(.pulse(Microseconds(1600)), channel: channel) }
+    for channel in stride(from: 0, to: 16, by: 2) { driver.stage(.pulse(Microseconds(1650)), channel: channel) }
     let scattered = try driver.flush()
     print("bus writes per flush, 8 channels changed at once (driver):")
     print("  channels 0–7: \(contiguous) write(s); channels 0,2,…,14: \(scattered) write(s)")
