@@ -32,13 +32,21 @@ let package = Package(
         // Seeded inputs and a loopback client shared by tests and benchmarks.
         .target(name: "TestSupport"),
         .target(name: "Hardware"),
+        // C views of i2c-dev and libgpiod (from libi2c-dev and libgpiod-dev).
+        .target(name: "CLinuxI2C", linkerSettings: [.linkedLibrary("i2c")]),
+        .target(name: "CGPIOD", linkerSettings: [.linkedLibrary("gpiod")]),
+        // The Linux backends of the bus and pin protocols.
+        .target(name: "LinuxHardware", dependencies: [
+            "Hardware", "CLinuxI2C", "CGPIOD",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .target(name: "Devices", dependencies: [
             "Hardware",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "DeviceEmulators", dependencies: ["Hardware"]),
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Hardware", "Devices", "DeviceEmulators",
+            "BLEControlProtocol", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
             .product(name: "Yams", package: "Yams"),
@@ -66,6 +74,7 @@ let package = Package(
             "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C"]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,0 +1,1 @@
+#include "CLinuxI2C.h"

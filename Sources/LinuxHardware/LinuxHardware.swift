@@ -1,0 +1,1 @@
+// The Linux backends of the Hardware protocols (issue #3).
