@@ -30,6 +30,10 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
     public enum Fault: Sendable, Hashable {
         case noAcknowledge
         case timeout
+        /// The bus hangs (a slave holding SDA low, endless clock
+        /// stretching): a transfer to the address blocks until the fault's
+        /// duration ends, then fails with a timeout.
+        case stall
     }
 
     /// One completed (or failed) transaction, for transcript assertions.
@@ -113,7 +117,13 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
 
     @discardableResult
     public func transfer(_ messages: [I2CMessage], at address: I2CAddress) throws -> [[UInt8]] {
-        try lock.withLock {
+        if let until = lock.withLock({ stallDeadline(at: address) }) {
+            // Outside the lock: the test (or status) must still see the bus.
+            let now = ContinuousClock.now
+            if until > now { Thread.sleep(forTimeInterval: Self.seconds(now.duration(to: until))) }
+            throw I2CError(.timeout, address: address, context: "bus stalled")
+        }
+        return try lock.withLock {
             transactionCount += 1
             if let error = activeFault(at: address) {
                 record(address, messages, error)
@@ -152,6 +162,13 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
         }
     }
 
+    /// When an injected stall on `address` ends (a stall without a
+    /// duration lasts 1 s per transfer), or nil without one.
+    private func stallDeadline(at address: I2CAddress) -> ContinuousClock.Instant? {
+        guard let entry = faults[address], entry.fault == .stall, activeFault(at: address) != nil else { return nil }
+        return entry.until ?? ContinuousClock.now + .seconds(1)
+    }
+
     private func activeFault(at address: I2CAddress) -> I2CError.Kind? {
         guard var entry = faults[address] else { return nil }
         if let until = entry.until, ContinuousClock.now >= until {
@@ -168,7 +185,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
         }
         switch entry.fault {
         case .noAcknowledge: return .noAcknowledge
-        case .timeout: return .timeout
+        case .timeout, .stall: return .timeout
         }
     }
 

@@ -35,6 +35,13 @@ public final class BoardRuntime: @unchecked Sendable {
     private var transportState: [String: String] = [:]
     private var ledTimer: EventLoop.Token?
     private var controlSocketOverride: String?
+    private var failsafeTimer: EventLoop.Token?
+    private let stopLock = NSLock()
+    private var stopped = false
+    /// The last frame instant a silence failsafe fired for (fires once per silence).
+    private var silencedAt: ContinuousClock.Instant?
+    /// systemd's notification socket (READY, STATUS, WATCHDOG), if any.
+    public let notifier = SystemdNotifier()
 
     /// The emulated devices of a simulator board (nil on real hardware).
     public struct Emulators: @unchecked Sendable {
@@ -54,15 +61,9 @@ public final class BoardRuntime: @unchecked Sendable {
 
         var emulators = Emulators()
         var arbiters: [String: BusArbiter] = [:]
-        for (name, bus) in configuration.buses {
-            switch bus.kind {
-            case .emulated:
-                let emulated = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength)
-                emulators.buses[name] = emulated
-                arbiters[name] = BusArbiter(bus: emulated)
-            case .device(let path):
-                throw SetupError(description: "bus \(name): \(path): this build has no Linux i2c-dev backend yet; use an emulated bus")
-            }
+        for (name, bus) in try BoardBuses.open(configuration, logger: logger) {
+            if let emulated = bus as? EmulatedI2CBus { emulators.buses[name] = emulated }
+            arbiters[name] = BusArbiter(bus: bus)
         }
 
         if let servoConfiguration = configuration.servo, let arbiter = arbiters[servoConfiguration.bus] {
@@ -82,7 +83,14 @@ public final class BoardRuntime: @unchecked Sendable {
                 logger: logger
             )
             servoFrequency = Hertz(servoConfiguration.oscillator.value / (4096 * (Double(PCA9685.prescale(for: servoConfiguration.frequency, oscillator: servoConfiguration.oscillator)) + 1)))
-            servo = ServoPath(driver: driver, channels: servoConfiguration.channels, logger: logger)
+            var timing = ServoPath.Timing()
+            timing.period = .microseconds(Int64(1_000_000 / servoFrequency.value))
+            timing.faultFailsafeAfter = configuration.faultTimeout
+            servo = ServoPath(
+                driver: driver, channels: servoConfiguration.channels, timing: timing,
+                realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,
+                logger: logger
+            )
         } else {
             servoFrequency = Hertz(50)
             servo = nil
@@ -126,6 +134,7 @@ public final class BoardRuntime: @unchecked Sendable {
         tcp = TCPTransport(loop: loop, hub: hub, logger: logger)
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
+        wireFailsafe()
     }
 
     /// Starts everything in order. A device that does not answer is not an
@@ -149,17 +158,27 @@ public final class BoardRuntime: @unchecked Sendable {
             transportState["control"] = socketPath
             led?.pattern = .slowBlink
             scheduleLED()
+            scheduleFailsafeWatch()
         }
+        notifier.notify("READY=1\nSTATUS=board \(configuration.name) running")
     }
 
     /// Stops in reverse order: transports (sessions end), then the LCD, then
     /// the servo path, which switches every output off.
     public func stop() {
+        // Idempotent: a signal handler and a deinit may both ask.
+        let first = stopLock.withLock { () -> Bool in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        notifier.notify("STOPPING=1\nSTATUS=stopping: outputs off")
         if loop.isOnLoop == false {
             try? loop.submitAndWait { [self] in
                 tcp.stop()
                 control.stop()
                 if let ledTimer { loop.cancelTimer(ledTimer) }
+                if let failsafeTimer { loop.cancelTimer(failsafeTimer) }
             }
         }
         loop.stop()
@@ -182,12 +201,62 @@ public final class BoardRuntime: @unchecked Sendable {
     /// Clears servo latency figures (benchmarks measure phases separately).
     public func resetServoMetrics() { servo?.resetMetrics() }
 
+    /// Engages the failsafe from outside (tests, signals).
+    public func engageFailsafe(reason: String) {
+        servo?.engageFailsafe(reason: reason)
+    }
+
+    // MARK: Failsafe triggers
+
+    /// One place wires every trigger to the servo path's failsafe engine:
+    /// the last central leaving, silence, a stalled servo thread (watched
+    /// here), a lasting I2C fault (watched by the servo path itself).
+    private func wireFailsafe() {
+        guard let servo else { return }
+        let notifier = self.notifier
+        let lcd = self.lcd
+        servo.onHeartbeat = { notifier.watchdogPing() }
+        servo.onFailsafe = { reason in
+            notifier.notify("STATUS=failsafe: \(reason)")
+            // A short reason where a human looks; the next LCD_TEXT replaces it.
+            lcd?.setLine(0, text: Array("FAILSAFE".utf8))
+            lcd?.setLine(1, text: Array(reason.utf8))
+        }
+        hub.onFrames = { servo.clearFailsafe() }
+        hub.onLastCentralClosed = { session in
+            servo.engageFailsafe(reason: "last central disconnected (\(session.transport) \(session.peer))")
+        }
+    }
+
+    /// A loop timer for the silence timeout and the stall watch, and the
+    /// watchdog ping when there is no servo thread to send it.
+    private func scheduleFailsafeWatch() {
+        let now = ContinuousClock.now
+        if let servo {
+            if let busy = servo.busyFor(at: now), busy >= configuration.stallTimeout {
+                servo.engageFailsafe(reason: "servo thread stalled in a bus write for \(ServoPath.milliseconds(busy)) ms")
+            }
+            if let silence = configuration.silenceTimeout, let last = hub.lastFrameAt, last.duration(to: now) >= silence,
+               servo.snapshot().failsafe == nil, hub.lastFrameAt != silencedAt {
+                silencedAt = hub.lastFrameAt
+                servo.engageFailsafe(reason: "no frame for \(ServoPath.milliseconds(silence)) ms")
+            }
+        } else {
+            notifier.watchdogPing(at: now)
+        }
+        // A tenth of the shortest timeout keeps the reaction within 10 %.
+        var interval = configuration.stallTimeout / 10
+        if let silence = configuration.silenceTimeout { interval = min(interval, silence / 10) }
+        interval = max(interval, .milliseconds(5))
+        failsafeTimer = loop.schedule(at: now + interval) { [weak self] in self?.scheduleFailsafeWatch() }
+    }
+
     // MARK: Loop thread
 
     private func scheduleLED() {
         guard let led else { return }
         let anySession = !hub.sessions.filter { $0.transport != "control" }.isEmpty
-        let servoDown = servo.map { !$0.snapshot().online } ?? false
+        let servoDown = servo.map { let snapshot = $0.snapshot(); return !snapshot.online || snapshot.failsafe != nil } ?? false
         led.pattern = servoDown ? .fastBlink : (anySession ? .heartbeat : .slowBlink)
         let next = led.update(at: .now) ?? ContinuousClock.now.advanced(by: .milliseconds(500))
         // Re-evaluate at least twice a second so the pattern follows connects.
@@ -214,7 +283,8 @@ public final class BoardRuntime: @unchecked Sendable {
                 channels.append(StatusReport.Channel(
                     channel: configuration.channel, output: configuration.output, role: "\(configuration.role)",
                     enabled: state.enabled, command: command, value: value,
-                    pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000
+                    pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
+                    latched: state.latched
                 ))
             }
             let metrics = snapshot.metrics
@@ -223,7 +293,11 @@ public final class BoardRuntime: @unchecked Sendable {
                 updates: metrics.updates, coalesced: metrics.coalesced, flushes: metrics.flushes,
                 busWrites: metrics.busTransactions, failedFlushes: metrics.failedFlushes,
                 latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
-                latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil
+                latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil,
+                deadlineMisses: metrics.deadlineMisses, failsafe: snapshot.failsafe?.reason,
+                failsafeSeconds: snapshot.failsafe.map { (ServoPath.seconds($0.since.duration(to: now)) * 10).rounded() / 10 },
+                failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { (ServoPath.seconds($0) * 10_000).rounded() / 10 },
+                failsafes: metrics.failsafes, scheduling: snapshot.scheduling
             )
         }
         var lcdStatus: StatusReport.LCD?
@@ -285,6 +359,38 @@ struct EmulatorObserver: @unchecked Sendable {
 
     func ledLit() -> Bool? {
         emulators.led?.isActive
+    }
+}
+
+/// Opens the I2C buses a board file names: one place for the emulated and
+/// the Linux backends, used by the daemon and by `safe-outputs`.
+public enum BoardBuses {
+    public static func open(_ configuration: BoardConfiguration, logger: Logger) throws -> [String: any I2CBus] {
+        var buses: [String: any I2CBus] = [:]
+        for (name, bus) in configuration.buses {
+            switch bus.kind {
+            case .emulated:
+                buses[name] = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength)
+            case .device(let path):
+                throw BoardRuntime.SetupError(description: "bus \(name): \(path): this build has no Linux i2c-dev backend yet; use an emulated bus")
+            }
+        }
+        return buses
+    }
+
+    /// Switches every PCA9685 output off with one write, without starting
+    /// or sleeping the chip: what `blecontrold safe-outputs` does after a
+    /// crash (systemd's ExecStopPost=). Returns what it did, per chip.
+    public static func safeOutputs(_ configuration: BoardConfiguration, logger: Logger) throws -> String {
+        guard let servo = configuration.servo, let kind = configuration.buses[servo.bus]?.kind else {
+            return "no servo controller on this board: nothing to switch off"
+        }
+        if kind == .emulated { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
+        let buses = try open(configuration, logger: logger)
+        guard let bus = buses[servo.bus] else { return "no bus \(servo.bus)" }
+        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(address: servo.address, frequency: servo.frequency, oscillator: servo.oscillator, totemPole: servo.totemPole), logger: logger)
+        try driver.allOff()
+        return "PCA9685 \(servo.address) on \(servo.bus): every output off"
     }
 }
 

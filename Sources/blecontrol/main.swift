@@ -208,13 +208,15 @@ enum StatusText {
             if let servo = status.servo {
                 out += "\nPCA9685 \(servo.frequencyHz) Hz \(servo.online ? "online" : "OFFLINE\(servo.error.map { ": \($0)" } ?? "")")"
                 if let p50 = servo.latencyP50Us, let p99 = servo.latencyP99Us { out += " · latency p50 \(p50) µs p99 \(p99) µs" }
-                out += "\n"
+                out += " · \(servo.scheduling)\n"
+                if let failsafe = servo.failsafe { out += "FAILSAFE: \(failsafe)\n" }
+                out += "  \(servo.flushes) flushes, \(servo.busWrites) bus writes, \(servo.coalesced) coalesced, \(servo.deadlineMisses) deadline misses, \(servo.failsafes) failsafes\n"
             }
             out += "  ch out role   enabled  last          pulse µs   duty\n"
             for channel in status.channels {
                 let last = channel.command.map { "\($0) \(channel.value ?? 0)" } ?? "-"
                 out += "  " + pad(channel.channel, 2) + " " + pad(channel.output, 3) + " " + channel.role.padding(toLength: 6, withPad: " ", startingAt: 0)
-                out += " " + (channel.enabled ? "yes" : "no ").padding(toLength: 8, withPad: " ", startingAt: 0)
+                out += " " + (channel.latched ? "latched" : channel.enabled ? "yes" : "no ").padding(toLength: 8, withPad: " ", startingAt: 0)
                 out += " " + last.padding(toLength: 13, withPad: " ", startingAt: 0)
                 out += " " + pad(String(format: "%.1f", channel.pulseUs), 8) + "  " + pad(String(format: "%.1f%%", channel.duty * 100), 6) + "\n"
             }

@@ -67,12 +67,14 @@ enum Properties {
             decoder.decode(chunk, at: at(0)) { _ in }
         }
         let hadPartialFrame = decoder.hasPartialFrame
-        for chunk in split(messages.flatMap { FrameEncoder.encode($0) }, sizes: sizes) {
+        let chunks = split(messages.flatMap { FrameEncoder.encode($0) }, sizes: sizes)
+        for chunk in chunks {
             decoder.decode(chunk, at: at(1000)) { events.append($0) }
         }
         let expected = messages.map { DecoderEvent.message($0) }
-        // With no bytes after the gap there is no write to notice it.
-        if hadPartialFrame && !messages.isEmpty {
+        // With no write after the gap there is nothing to notice it; any
+        // write, even an empty one, does.
+        if hadPartialFrame && !chunks.isEmpty {
             guard let first = events.first else {
                 Issue.record("the stale partial frame was not reported; \(context ?? "")")
                 return

@@ -24,6 +24,14 @@ public struct BoardConfiguration: Sendable {
     public var protocolIdleTimeout: Duration?
     /// No frame from any central for this long triggers the failsafe; nil: off.
     public var silenceTimeout: Duration?
+    /// The servo thread inside one bus transfer this long is a stall: failsafe.
+    public var stallTimeout: Duration
+    /// The PCA9685 failing this long triggers the failsafe.
+    public var faultTimeout: Duration
+    /// SCHED_FIFO priority of the servo thread (1…99); 0: default scheduler.
+    public var realtimePriority: Int32
+    /// Lock the daemon's memory (mlockall) so the servo path never page-faults.
+    public var lockMemory: Bool
     /// The file this came from, for messages.
     public var sourcePath: String
 }

@@ -7,7 +7,7 @@ import Yams
 extension BoardReader {
     func board(_ root: Node) -> BoardConfiguration? {
         guard let top = mapping(root, "", allowed: [
-            "name", "buses", "servo", "lcd", "led", "ble", "transports", "control", "protocol", "failsafe",
+            "name", "buses", "servo", "lcd", "led", "ble", "transports", "control", "protocol", "failsafe", "realtime",
         ]) else { return nil }
         let name = string(top, "name", required: true) ?? "?"
         let buses = top.entries["buses"].map(busList) ?? [:]
@@ -32,12 +32,24 @@ extension BoardReader {
             idleTimeout = milliseconds(fields, "idle_timeout_ms", max: 60_000, default: 500)
         }
         var silenceTimeout: Duration?
-        if let node = top.entries["failsafe"], let fields = mapping(node, "failsafe", allowed: ["silence_timeout_ms"]) {
+        var stallTimeout = Duration.milliseconds(500)
+        var faultTimeout = Duration.milliseconds(1000)
+        if let node = top.entries["failsafe"], let fields = mapping(node, "failsafe", allowed: ["silence_timeout_ms", "stall_timeout_ms", "fault_timeout_ms"]) {
             silenceTimeout = milliseconds(fields, "silence_timeout_ms", max: 600_000, default: 0)
+            stallTimeout = integer(fields, "stall_timeout_ms", in: 50...60_000, default: 500).map { .milliseconds($0) } ?? stallTimeout
+            faultTimeout = integer(fields, "fault_timeout_ms", in: 50...60_000, default: 1000).map { .milliseconds($0) } ?? faultTimeout
+        }
+        var priority: Int32 = 0
+        var lockMemory = false
+        if let node = top.entries["realtime"], let fields = mapping(node, "realtime", allowed: ["priority", "lock_memory"]) {
+            // SCHED_FIFO priorities are 1…99 on Linux (sched(7)); 0 turns it off.
+            priority = Int32(integer(fields, "priority", in: 0...99, default: 0) ?? 0)
+            lockMemory = bool(fields, "lock_memory", default: false)
         }
         return BoardConfiguration(
             name: name, buses: buses, servo: servo, lcd: lcd, led: led, ble: ble, tcp: tcp,
             controlSocketPath: controlSocket, protocolIdleTimeout: idleTimeout, silenceTimeout: silenceTimeout,
+            stallTimeout: stallTimeout, faultTimeout: faultTimeout, realtimePriority: priority, lockMemory: lockMemory,
             sourcePath: path
         )
     }

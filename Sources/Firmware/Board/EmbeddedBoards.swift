@@ -74,7 +74,16 @@ protocol:
   idle_timeout_ms: 500          # a partial frame older than this is discarded
 
 failsafe:
-  silence_timeout_ms: 0         # 0: no silence failsafe
+  silence_timeout_ms: 0         # no frame for this long: failsafe (0: off)
+  stall_timeout_ms: 500         # servo thread stuck in one bus write this long: failsafe
+  fault_timeout_ms: 1000        # PCA9685 failing this long: failsafe
+
+# The servo thread's scheduling. priority 1…99 asks for SCHED_FIFO (needs
+# root, CAP_SYS_NICE or an rtprio limit; refused → logged, default
+# scheduler); 0 keeps the default. lock_memory: mlockall at start.
+realtime:
+  priority: 0
+  lock_memory: false
 """#
 
     /// The name shown in messages for the embedded simulator board.

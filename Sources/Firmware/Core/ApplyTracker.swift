@@ -34,6 +34,9 @@ struct ApplyTracker {
     }
 
     private mutating func take(upTo generation: UInt64) -> [Callback] {
+        // The common case on the servo thread's hot path: nobody waits, and
+        // an empty array costs no allocation.
+        if waiters.isEmpty { return [] }
         let ready = waiters.filter { $0.generation <= generation }.map(\.callback)
         waiters.removeAll { $0.generation <= generation }
         return ready

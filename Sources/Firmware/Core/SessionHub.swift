@@ -13,6 +13,15 @@ public final class SessionHub: @unchecked Sendable {
     private var open: [Int: (session: Session, timer: EventLoop.Token?)] = [:]
     /// Sessions opened since start.
     public private(set) var totalOpened = 0
+    /// When the last frame from any session arrived.
+    public private(set) var lastFrameAt: ContinuousClock.Instant?
+    /// A session delivered at least one frame (a central is in control).
+    public var onFrames: (() -> Void)?
+    /// The last central (any session but the control socket's) went away.
+    public var onLastCentralClosed: ((Session) -> Void)?
+
+    /// Sessions that are centrals: every transport but the CLI's control socket.
+    public var centrals: [Session] { sessions.filter { $0.transport != "control" } }
 
     public init(loop: EventLoop, dispatcher: Dispatcher, idleTimeout: Duration?, logger: Logger) {
         self.loop = loop
@@ -36,7 +45,12 @@ public final class SessionHub: @unchecked Sendable {
 
     /// Bytes arrived for `session`.
     public func receive<C: Collection>(_ bytes: C, for session: Session) where C.Element == UInt8 {
+        let before = session.counters.frames
         session.receive(bytes)
+        if session.counters.frames != before {
+            lastFrameAt = .now
+            onFrames?()
+        }
         rearm(session)
     }
 
@@ -46,6 +60,7 @@ public final class SessionHub: @unchecked Sendable {
         if let timer = entry.timer { loop.cancelTimer(timer) }
         session.close()
         logger.info("session \(session.id) closed (\(session.transport) \(session.peer)): \(session.counters.frames) frames, \(session.counters.errors) errors")
+        if session.transport != "control", centrals.isEmpty { onLastCentralClosed?(session) }
     }
 
     /// Keeps one timer per session at its decoder's deadline, so a partial

@@ -13,6 +13,8 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// PCA9685 decoded from the bus traffic, on hardware what was written.
         public var pulseUs: Double
         public var duty: Double
+        /// An ESC stopped by a failsafe, waiting for ANALOG_OUT_EN on.
+        public var latched: Bool
     }
 
     public struct Servo: Codable, Sendable, Equatable {
@@ -27,6 +29,17 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var latencyP50Us: Int?
         public var latencyP99Us: Int?
         public var latencyMaxUs: Int?
+        /// Updates slower than one PWM period.
+        public var deadlineMisses: Int
+        /// Why the outputs are in failsafe now (nil: they are not).
+        public var failsafe: String?
+        public var failsafeSeconds: Double?
+        /// How long the failsafe outputs took to reach the chip.
+        public var failsafeAppliedMs: Double?
+        /// Failsafes engaged since start.
+        public var failsafes: Int
+        /// The servo thread's scheduling policy.
+        public var scheduling: String
     }
 
     public struct LCD: Codable, Sendable, Equatable {

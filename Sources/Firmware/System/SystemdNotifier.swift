@@ -1,0 +1,70 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// sd_notify(3) without libsystemd: datagrams to `$NOTIFY_SOCKET` (a path,
+/// or an abstract socket when it starts with "@"). Silent when the daemon
+/// does not run under systemd.
+public final class SystemdNotifier: @unchecked Sendable {
+    private let fd: Int32
+    private var address = sockaddr_un()
+    private var addressLength = socklen_t(0)
+    /// Half of `$WATCHDOG_USEC` (the interval systemd documents for pings),
+    /// nil when the unit has no watchdog.
+    public let watchdogInterval: Duration?
+    private let lock = NSLock()
+    private var lastPing: ContinuousClock.Instant?
+
+    /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` (and `WATCHDOG_PID`, which
+    /// must be ours when set) from the environment.
+    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+        var socketFD: Int32 = -1
+        if let path = environment["NOTIFY_SOCKET"], !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: address.sun_path) {
+            socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            address.sun_family = sa_family_t(AF_UNIX)
+            var bytes = Array(path.utf8)
+            if bytes.first == UInt8(ascii: "@") { bytes[0] = 0 }  // abstract namespace
+            withUnsafeMutableBytes(of: &address.sun_path) { raw in
+                for (index, byte) in bytes.enumerated() { raw[index] = byte }
+            }
+            addressLength = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
+        }
+        fd = socketFD
+        let pidMatches = environment["WATCHDOG_PID"].map { Int32($0) == getpid() } ?? true
+        if pidMatches, let usec = environment["WATCHDOG_USEC"].flatMap({ Int64($0) }), usec > 0 {
+            watchdogInterval = .microseconds(usec / 2)
+        } else {
+            watchdogInterval = nil
+        }
+    }
+
+    deinit { if fd >= 0 { close(fd) } }
+
+    /// True when systemd listens.
+    public var isActive: Bool { fd >= 0 }
+
+    /// Sends `state` lines such as "READY=1" or "STATUS=…".
+    public func notify(_ state: String) {
+        guard fd >= 0 else { return }
+        let bytes = Array(state.utf8)
+        _ = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
+                bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL), sa, addressLength) }
+            }
+        }
+    }
+
+    /// WATCHDOG=1, at most once per `watchdogInterval` (callers may ping
+    /// from a hot loop).
+    public func watchdogPing(at now: ContinuousClock.Instant = .now) {
+        guard let interval = watchdogInterval, fd >= 0 else { return }
+        let due = lock.withLock { () -> Bool in
+            if let last = lastPing, now < last + interval / 2 { return false }
+            lastPing = now
+            return true
+        }
+        if due { notify("WATCHDOG=1") }
+    }
+}
