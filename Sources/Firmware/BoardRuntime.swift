@@ -36,6 +36,7 @@ public final class BoardRuntime: @unchecked Sendable {
     private var ledTimer: EventLoop.Token?
     private var controlSocketOverride: String?
     private var failsafeTimer: EventLoop.Token?
+    private let servoArbiter: BusArbiter?
     private let stopLock = NSLock()
     private var stopped = false
     /// The last frame instant a silence failsafe fired for (fires once per silence).
@@ -66,6 +67,7 @@ public final class BoardRuntime: @unchecked Sendable {
             arbiters[name] = BusArbiter(bus: bus)
         }
 
+        servoArbiter = configuration.servo.flatMap { arbiters[$0.bus] }
         if let servoConfiguration = configuration.servo, let arbiter = arbiters[servoConfiguration.bus] {
             if let emulated = emulators.buses[servoConfiguration.bus] {
                 let chip = PCA9685Emulator(oscillator: servoConfiguration.oscillator)
@@ -297,7 +299,9 @@ public final class BoardRuntime: @unchecked Sendable {
                 deadlineMisses: metrics.deadlineMisses, failsafe: snapshot.failsafe?.reason,
                 failsafeSeconds: snapshot.failsafe.map { (ServoPath.seconds($0.since.duration(to: now)) * 10).rounded() / 10 },
                 failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { (ServoPath.seconds($0) * 10_000).rounded() / 10 },
-                failsafes: metrics.failsafes, scheduling: snapshot.scheduling
+                failsafes: metrics.failsafes, scheduling: snapshot.scheduling,
+                maxLcdChunksWaited: servoArbiter?.statistics.maxDisplayTransactionsWaited ?? 0,
+                maxBusWaitUs: servoArbiter?.statistics.maxServoWaitMicroseconds ?? 0
             )
         }
         var lcdStatus: StatusReport.LCD?
@@ -370,7 +374,7 @@ public enum BoardBuses {
         for (name, bus) in configuration.buses {
             switch bus.kind {
             case .emulated:
-                buses[name] = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength)
+                buses[name] = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength, byteTime: bus.byteTime)
             case .device(let path):
                 throw BoardRuntime.SetupError(description: "bus \(name): \(path): this build has no Linux i2c-dev backend yet; use an emulated bus")
             }

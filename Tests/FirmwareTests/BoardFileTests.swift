@@ -29,7 +29,7 @@ struct BoardFileTests {
     func simulatorBoard() throws {
         let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/simulator.yaml").path)
         #expect(board.name == "simulator")
-        #expect(board.buses["main"] == BusConfiguration(kind: .emulated, maxWriteLength: nil))
+        #expect(board.buses["main"] == BusConfiguration(kind: .emulated, byteTime: .microseconds(90), maxWriteLength: nil))
         let servo = try #require(board.servo)
         #expect(servo.address == I2CAddress(0x40))
         #expect(servo.frequency.value == 50)

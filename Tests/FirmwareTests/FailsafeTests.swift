@@ -75,11 +75,12 @@ struct FailsafeTests {
         #expect(eventually { (try? board.servo().failsafe) != nil })
         let servo = try board.servo()
         #expect(servo.failsafe?.contains("last central disconnected") == true)
-        #expect(eventually { abs(board.pulse(4) - 1000) < 5 }, "ESC at its neutral pulse")
+        // One failsafe flush writes every changed run; wait for all of it.
+        #expect(eventually { (try? board.servo().failsafeAppliedMs) != nil })
+        #expect(abs(board.pulse(4) - 1000) < 5, "ESC at its neutral pulse")
         #expect(abs(board.pulse(0) - 1700) < 5, "channel 0 holds")
         #expect(abs(board.pulse(3) - 1500) < 5, "channel 3 goes to its preset")
         #expect(board.duty(6) == 0, "PWM duty 0")
-        #expect(eventually { (try? board.servo().failsafeAppliedMs) != nil })
         let applied = try #require(try board.servo().failsafeAppliedMs)
         #expect(applied <= 100, "failsafe outputs reached the chip \(applied) ms after the disconnect was seen")
         #expect(eventually { board.pulse(4) == 0 }, "the ESC stops after its dwell")
@@ -147,5 +148,29 @@ struct FailsafeTests {
         _ = try board.drivingCentral()
         board.runtime.stop()
         #expect((0..<16).allSatisfy { board.pulse($0) == 0 })
+    }
+}
+
+@Suite("Bus priority", .serialized)
+struct BusPriorityTests {
+    @Test("An LCD flood never holds a servo write behind more than one LCD chunk")
+    func lcdFlood() throws {
+        let board = try RunningBoard(yaml: EmbeddedBoards.simulator)
+        let servoCentral = try LoopbackTCPClient(port: board.port)
+        let lcdCentral = try LoopbackTCPClient(port: board.port)
+        try servoCentral.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
+        let end = ContinuousClock.now + .seconds(2)
+        var round = 0
+        while ContinuousClock.now < end {
+            round += 1
+            // Two full lines per round: far more than the display can take.
+            try lcdCentral.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("flood \(round) ABCDEFGHIJ".utf8))) + FrameEncoder.encode(.lcdText(line: 1, text: Array("\(round) abcdefghijklmnop".utf8))))
+            try servoCentral.send(FrameEncoder.encode(.servo(channel: 0, value: UInt16(round % 1000))))
+            usleep(2_000)
+        }
+        let servo = try board.servo()
+        #expect(servo.maxBusWaitUs > 0, "the flood never contended with the servo path; the test proved nothing")
+        #expect(servo.maxLcdChunksWaited <= 1)
+        #expect((try board.runtime.status().lcd?.busWrites ?? 0) > 10)
     }
 }

@@ -45,6 +45,9 @@ public struct BusConfiguration: Sendable, Equatable {
         case device(path: String)
     }
     public var kind: Kind
+    /// Emulated buses only: how long each byte occupies the bus, so the
+    /// simulator can behave like a 100 kHz bus (about 90 µs per byte).
+    public var byteTime: Duration = .zero
     /// The longest single write the adapter accepts (some SMBus-only
     /// adapters stop at 32 bytes); nil: no limit known.
     public var maxWriteLength: Int?

@@ -67,15 +67,18 @@ extension BoardReader {
                 continue
             }
             let field = "buses.\(name)"
-            guard let fields = mapping(value, field, allowed: ["emulated", "device", "max_write_bytes"]) else { continue }
+            guard let fields = mapping(value, field, allowed: ["emulated", "device", "max_write_bytes", "byte_time_us"]) else { continue }
             let maxWrite = integer(fields, "max_write_bytes", in: 2...8192)
             let emulated = bool(fields, "emulated", default: false)
             let device = string(fields, "device")
             switch (emulated, device) {
             case (true, nil):
-                buses[name] = BusConfiguration(kind: .emulated, maxWriteLength: maxWrite)
+                // 9 clocks per byte at 100 kHz is 90 µs; 10 ms would be absurd.
+                let byteTime = integer(fields, "byte_time_us", in: 0...10_000, default: 0) ?? 0
+                buses[name] = BusConfiguration(kind: .emulated, byteTime: .microseconds(byteTime), maxWriteLength: maxWrite)
             case (false, let path?):
                 if !path.hasPrefix("/dev/") { fail(fields.entries["device"], "\(field).device", "must be a device path such as /dev/i2c-1") }
+                if fields.entries["byte_time_us"] != nil { fail(fields.entries["byte_time_us"], "\(field).byte_time_us", "only applies to emulated buses") }
                 buses[name] = BusConfiguration(kind: .device(path: path), maxWriteLength: maxWrite)
             case (true, _?):
                 fail(value, field, "is either `emulated: true` or `device: /dev/i2c-N`, not both")

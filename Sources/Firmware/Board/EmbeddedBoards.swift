@@ -14,9 +14,11 @@ name: simulator
 # I2C buses by name. `emulated: true` is an in-process bus with the devices
 # named below attached; real boards use `device: /dev/i2c-1`.
 # max_write_bytes: the longest single write the adapter accepts (optional).
+# byte_time_us (emulated only): bus time per byte; 90 is a 100 kHz bus.
 buses:
   main:
     emulated: true
+    byte_time_us: 90              # like a real 100 kHz bus
 
 # The PCA9685 16-channel PWM controller.
 servo:

@@ -19,7 +19,24 @@ public final class BusArbiter: @unchecked Sendable {
     public let bus: any I2CBus
     private let condition = NSCondition()
     private var busy = false
+    private var holder: Priority?
     private var servoWaiting = 0
+    private var displayCompletions = 0
+    private var maxDisplayWaited = 0
+    private var servoWaits = LatencyHistogram()
+
+    /// What the servo side has had to wait for so far.
+    public struct Statistics: Sendable {
+        /// The most display transactions one servo transaction waited behind
+        /// (the design promises at most one).
+        public var maxDisplayTransactionsWaited: Int
+        /// The longest a servo transaction waited for the bus, in µs.
+        public var maxServoWaitMicroseconds: Int
+    }
+
+    public var statistics: Statistics {
+        condition.withLock { Statistics(maxDisplayTransactionsWaited: maxDisplayWaited, maxServoWaitMicroseconds: servoWaits.maximumMicroseconds) }
+    }
 
     public init(bus: any I2CBus) {
         self.bus = bus
@@ -43,16 +60,25 @@ public final class BusArbiter: @unchecked Sendable {
         switch priority {
         case .servo:
             servoWaiting += 1
-            while busy { condition.wait() }
+            let before = displayCompletions
+            if busy {
+                let start = ContinuousClock.now
+                while busy { condition.wait() }
+                servoWaits.record(start.duration(to: .now))
+            }
+            maxDisplayWaited = max(maxDisplayWaited, displayCompletions - before)
             servoWaiting -= 1
         case .display:
             while busy || servoWaiting > 0 { condition.wait() }
         }
         busy = true
+        holder = priority
     }
 
     private func release() {
         condition.lock()
+        if holder == .display { displayCompletions += 1 }
+        holder = nil
         busy = false
         condition.broadcast()
         condition.unlock()

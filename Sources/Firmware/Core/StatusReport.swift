@@ -40,6 +40,10 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var failsafes: Int
         /// The servo thread's scheduling policy.
         public var scheduling: String
+        /// The most LCD transactions one servo write waited behind (≤ 1 by design).
+        public var maxLcdChunksWaited: Int
+        /// The longest a servo write waited for the bus.
+        public var maxBusWaitUs: Int
     }
 
     public struct LCD: Codable, Sendable, Equatable {
