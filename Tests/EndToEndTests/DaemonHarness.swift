@@ -81,7 +81,7 @@ final class SimulatorDaemon {
     private(set) var tcpPort: UInt16 = 0
     private let log: URL
 
-    init(extraArguments: [String] = []) throws {
+    init(extraArguments: [String] = [], environment: [String: String] = [:]) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-e2e-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         socketPath = directory.appendingPathComponent("control.sock").path
@@ -89,6 +89,9 @@ final class SimulatorDaemon {
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = URL(fileURLWithPath: Executables.daemon)
         process.arguments = ["--control-socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         let handle = try FileHandle(forWritingTo: log)
         process.standardOutput = handle
         process.standardError = handle
@@ -196,5 +199,45 @@ extension SimulatorDaemon {
             received += buffer[0..<n]
         }
         return String(decoding: received, as: UTF8.self)
+    }
+}
+
+/// A stand-in for systemd's notification socket: a datagram socket that
+/// collects what the daemon sends to $NOTIFY_SOCKET.
+final class NotifySocket {
+    let path: String
+    let fd: Int32
+
+    init() throws {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("notify-\(UUID().uuidString.prefix(8)).sock").path
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (index, byte) in path.utf8.enumerated() where index < raw.count - 1 { raw[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else { throw HarnessError(description: "bind \(path): \(errno)") }
+    }
+
+    deinit {
+        close(fd)
+        unlink(path)
+    }
+
+    /// Every datagram that arrives within `timeout`.
+    func messages(for timeout: Duration) -> [String] {
+        var result: [String] = []
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&pollfd, 1, 20) > 0 else { continue }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { result.append(String(decoding: buffer[0..<n], as: UTF8.self)) }
+        }
+        return result
     }
 }

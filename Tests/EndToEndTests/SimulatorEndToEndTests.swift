@@ -160,6 +160,24 @@ struct SimulatorEndToEndTests {
         #expect(try daemon.cli(["status"]).status == 0)
     }
 
+    @Test("systemd: READY=1 once listening, WATCHDOG=1 from the servo thread, STATUS on failsafe, STOPPING on SIGTERM")
+    func sdNotify() throws {
+        let notify = try NotifySocket()
+        let daemon = try SimulatorDaemon(environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"])
+        var messages = notify.messages(for: .milliseconds(600))
+        #expect(messages.contains { $0.contains("READY=1") }, "\(messages)")
+        #expect(messages.filter { $0 == "WATCHDOG=1" }.count >= 3, "pings every 100 ms at the most: \(messages)")
+        var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.tcpPort)
+        try central?.send(Bytes.enable0 + Bytes.servo0At500)
+        _ = try daemon.waitFor("channel 0 running") { ($0.pulse(0) ?? 0) > 0 }
+        central = nil  // the last central leaves: failsafe
+        messages = notify.messages(for: .milliseconds(300))
+        #expect(messages.contains { $0.hasPrefix("STATUS=failsafe: last central disconnected") }, "\(messages)")
+        daemon.process.interrupt()  // SIGINT: the same orderly stop as SIGTERM
+        messages = notify.messages(for: .milliseconds(500))
+        #expect(messages.contains { $0.hasPrefix("STOPPING=1") }, "\(messages)")
+    }
+
     @Test("A second daemon on the same control socket refuses to start; the first keeps running")
     func secondDaemon() throws {
         let daemon = try SimulatorDaemon()
