@@ -60,8 +60,10 @@ let package = Package(
             "BLEControlProtocol", "Firmware",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
+        // Interposes malloc to count allocations; linked into the benchmark only.
+        .target(name: "CAllocationCounter"),
         .executableTarget(name: "blecontrol-bench", dependencies: [
-            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "TestSupport",
+            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "TestSupport", "CAllocationCounter",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),

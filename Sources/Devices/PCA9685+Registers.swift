@@ -113,6 +113,14 @@ extension PCA9685 {
 
         var bytes: [UInt8] { [onLow, onHigh, offLow, offHigh] }
 
+        /// Appends the four register bytes without building an array.
+        func append(to buffer: inout [UInt8]) {
+            buffer.append(onLow)
+            buffer.append(onHigh)
+            buffer.append(offLow)
+            buffer.append(offHigh)
+        }
+
         /// Ticks of each period the output is high, as programmed (0…4096).
         /// Full OFF wins over full ON; ON > OFF wraps around the period end.
         var highTicks: Int {

@@ -94,6 +94,10 @@ public final class PCA9685: @unchecked Sendable {
     /// started, or a write to it failed part-way), so it is always rewritten.
     private var chip: [LEDRegisters?]
     private var started = false
+    /// The steady-state write, reused so a flush allocates nothing once warm:
+    /// the byte buffer moves into the message for the transfer and back.
+    private var scratch: [UInt8] = []
+    private var messages: [I2CMessage] = [.write([])]
 
     /// - Parameters:
     ///   - bus: the bus (or bus client) the chip is on.
@@ -321,12 +325,21 @@ public final class PCA9685: @unchecked Sendable {
         var start = run.lowerBound
         while start < run.upperBound {
             let end = min(start + channelsPerMessage, run.upperBound)
-            var bytes: [UInt8] = []
-            bytes.reserveCapacity(1 + registersPerChannel * (end - start))
+            var bytes = scratch
+            scratch = []
+            bytes.removeAll(keepingCapacity: true)
+            bytes.reserveCapacity(1 + registersPerChannel * Self.channelCount)
             bytes.append(Register.ledOnLow(start)!.rawValue)
-            for channel in start..<end { bytes.append(contentsOf: desired[channel].bytes) }
+            for channel in start..<end { desired[channel].append(to: &bytes) }
+            messages[0] = .write(bytes)
+            bytes = []
+            defer {
+                // Take the buffer back; it is unique again once the message drops it.
+                if case .write(let buffer) = messages[0] { scratch = buffer }
+                messages[0] = .write([])
+            }
             do {
-                try bus.write(bytes, to: configuration.address)
+                _ = try bus.transfer(messages, at: configuration.address)
             } catch {
                 // The chip may have taken part of the message: unknown.
                 for channel in start..<end { chip[channel] = nil }

@@ -88,6 +88,7 @@ public final class BoardRuntime: @unchecked Sendable {
             var timing = ServoPath.Timing()
             timing.period = .microseconds(Int64(1_000_000 / servoFrequency.value))
             timing.faultFailsafeAfter = configuration.faultTimeout
+            timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
             servo = ServoPath(
                 driver: driver, channels: servoConfiguration.channels, timing: timing,
                 realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,

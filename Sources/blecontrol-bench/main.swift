@@ -4,6 +4,7 @@ import Devices
 import Firmware
 import Foundation
 import Hardware
+import CAllocationCounter
 import Logging
 import TestSupport
 
@@ -80,10 +81,11 @@ func benchmarkDecoder() {
 
 /// Builds the simulator board in-process with an ephemeral TCP port and a
 /// private control socket.
-func startSimulator() throws -> BoardRuntime {
+func startSimulator(flushBudget: Int = 4) throws -> BoardRuntime {
     var logger = Logger(label: "bench")
-    logger.logLevel = .warning
-    let configuration = try BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
+    logger.logLevel = .critical
+    let yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
+    let configuration = try BoardFile.parse(yaml, path: EmbeddedBoards.simulatorPath)
     let runtime = try BoardRuntime(configuration: configuration, logger: logger)
     let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
     try runtime.start(controlSocketPath: socket, tcpOverride: ("127.0.0.1", 0))
@@ -100,7 +102,9 @@ func spin(until deadline: ContinuousClock.Instant, _ condition: () -> Bool) -> B
 }
 
 func benchmarkLatency(frames: Int) throws {
-    let runtime = try startSimulator()
+    // Unpaced (max_flushes_per_period: 0): the path's own latency; the
+    // servo section shows what pacing adds.
+    let runtime = try startSimulator(flushBudget: 0)
     defer { runtime.stop() }
     guard let chip = runtime.emulators?.pca9685, let port = runtime.tcpPort else { fatalError("the simulator board has no emulated PCA9685 or TCP port") }
     let central = try LoopbackTCPClient(port: port)
@@ -122,7 +126,7 @@ func benchmarkLatency(frames: Int) throws {
             misses += 1
         }
     }
-    print("TCP frame → emulated PCA9685 register write, \(frames) servo frames sent one at a time:")
+    print("TCP frame → emulated PCA9685 register write (100 kHz emulated bus, flush pacing off), \(frames) servo frames sent one at a time:")
     print("  p50 \(perFrame.percentile(0.5) ?? -1) µs  p99 \(perFrame.percentile(0.99) ?? -1) µs  max \(perFrame.maximumMicroseconds) µs\(misses > 0 ? "  (\(misses) not seen within 1 s)" : "")")
 
     // 2. A stream: all frames back to back in 20-byte writes; the servo
@@ -200,15 +204,158 @@ func benchmarkWritesPerFlush() throws {
     print("  through the daemon, 8 SERVO_VAL frames in one TCP write × \(rounds): \(format(Double(totalWrites) / Double(rounds), 2)) bus writes and \(format(Double(totalFlushes) / Double(rounds), 2)) flushes per round")
 }
 
-let arguments = CommandLine.arguments.dropFirst()
-let frames = arguments.first.flatMap { Int($0) } ?? 10_000
+// MARK: Servo dispatch (issue #5)
+
+/// A bus that accepts everything instantly: what is left is the servo
+/// path's and the driver's own cost.
+final class NullBus: I2CBus, @unchecked Sendable {
+    var maxWriteLength: Int? { nil }
+    func transfer(_ messages: [I2CMessage], at address: I2CAddress) throws -> [[UInt8]] {
+        var replies: [[UInt8]] = []
+        for case .read(let count) in messages { replies.append([UInt8](repeating: 0, count: count)) }
+        return replies
+    }
+}
+
+func benchmarkAllocations() {
+    var logger = Logger(label: "bench")
+    logger.logLevel = .critical
+    let configuration = try! BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
+    let driver = PCA9685(bus: NullBus(), configuration: PCA9685.Configuration(address: I2CAddress(0x40)!), logger: logger, sleep: { _ in })
+    var timing = ServoPath.Timing()
+    timing.maxFlushesPerPeriod = 0
+    let servo = ServoPath(driver: driver, channels: configuration.servo!.channels, timing: timing, logger: logger)
+    servo.start()
+    defer { servo.stop() }
+    for channel in 0..<8 { servo.setEnabled(true, channel: channel) }
+    // Warm up: let every buffer reach its steady capacity.
+    for value in 0..<2000 { servo.submit(.servo(UInt16(value % 1000)), channel: value % 8) }
+    usleep(200_000)
+    servo.resetMetrics()
+    let updates = 20_000
+    let before = blc_allocation_count()
+    for value in 0..<updates {
+        servo.submit(.servo(UInt16(value % 1000)), channel: value % 8)
+        if value % 16 == 0 { sched_yield() }
+    }
+    usleep(200_000)
+    let allocations = blc_allocation_count() - before
+    let flushes = servo.snapshot().metrics.flushes
+    print("heap allocations on the servo hot path (submit → flush, no-op bus, \(updates) updates, \(flushes) flushes):")
+    print("  \(allocations) allocations: \(format(Double(allocations) / Double(updates), 3)) per update, \(format(Double(allocations) / Double(max(flushes, 1)), 2)) per flush")
+}
+
+/// One run of the 500 frames/s servo workload through TCP, optionally with
+/// a second central rewriting the LCD as fast as it can.
+func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration: Double) throws -> (p50: Int, p99: Int, max: Int, frames: Int, busWrites: Int, flushes: Int, chunksWaited: Int, busWait: Int, elapsed: Double, scheduling: String) {
+    var logger = Logger(label: "bench")
+    logger.logLevel = .critical
+    var yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
+    if realtime { yaml = yaml.replacingOccurrences(of: "  priority: 0", with: "  priority: 50") }
+    let runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "bench.yaml"), logger: logger)
+    let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
+    try runtime.start(controlSocketPath: socket, tcpOverride: ("127.0.0.1", 0))
+    defer { runtime.stop() }
+    let port = runtime.tcpPort!
+    let central = try LoopbackTCPClient(port: port)
+    var enable: [UInt8] = []
+    for channel in UInt8(0)..<8 { FrameEncoder.encode(.enable(channel: channel, on: true), into: &enable) }
+    try central.send(enable)
+    usleep(200_000)
+
+    let flooding = LockedFlag()
+    let flood = Thread {
+        guard let display = try? LoopbackTCPClient(port: port) else { return }
+        var round = 0
+        while flooding.value {
+            round += 1
+            let text = Array("flood \(round) ABCDEFGHIJKLMNOP".utf8)
+            try? display.send(FrameEncoder.encode(.lcdText(line: UInt8(round % 2), text: text)))
+            usleep(1_000)
+        }
+    }
+    if lcdFlood {
+        flooding.value = true
+        flood.start()
+        usleep(200_000)
+    }
+    runtime.resetServoMetrics()
+    let frames = Int(duration * 500)
+    let start = ContinuousClock.now
+    for index in 0..<frames {
+        // Paced on absolute instants: 2 ms apart, 500 frames/s.
+        let due = start + .microseconds(Int64(index) * 2000)
+        let now = ContinuousClock.now
+        if due > now { usleep(useconds_t(max(0, Int(seconds(now.duration(to: due)) * 1e6)))) }
+        try central.send(FrameEncoder.encode(.servo(channel: UInt8(index % 8), value: UInt16((index * 7) % 1001))))
+    }
+    usleep(100_000)
+    let elapsed = seconds(ContinuousClock.now - start)
+    flooding.value = false
+    let servo = try runtime.status().servo!
+    return (servo.latencyP50Us ?? -1, servo.latencyP99Us ?? -1, servo.latencyMaxUs ?? -1, frames, servo.busWrites, servo.flushes, servo.maxLcdChunksWaited, servo.maxBusWaitUs, elapsed, servo.scheduling)
+}
+
+final class LockedFlag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var flag = false
+    var value: Bool {
+        get { lock.withLock { flag } }
+        set { lock.withLock { flag = newValue } }
+    }
+}
+
+func benchmarkServoDispatch(seconds duration: Double) throws {
+    print("servo dispatch, 500 SERVO_VAL frames/s over 8 channels through TCP, simulator board (100 kHz emulated bus), \(format(duration, 0)) s per run:")
+    // HD44780 on a PCF8574: 4 port bytes per character or instruction, so a
+    // chunk of 4 characters plus its set-address is 20 bytes + the address
+    // byte; at 90 µs per byte (100 kHz) that holds the bus 1.89 ms.
+    let chunkMicroseconds = (4 * 4 + 4 + 1) * 90
+    print("  one LCD chunk (4 characters + set-address, 21 bytes at 100 kHz) ≈ \(chunkMicroseconds) µs")
+    print("  scheduling        pacing     LCD flood  p50 µs  p99 µs  max µs  flushes/s  bus writes/s  naive/s  LCD chunks waited  max bus wait µs")
+    for budget in [4, 0] {
+        for realtime in [false, true] {
+            var idleP99 = 0
+            for flood in [false, true] {
+                let run = try servoRun(realtime: realtime, lcdFlood: flood, flushBudget: budget, seconds: duration)
+                let label = (realtime ? run.scheduling : "default").padding(toLength: 17, withPad: " ", startingAt: 0)
+                let pacing = (budget == 0 ? "off" : "\(budget)/period").padding(toLength: 10, withPad: " ", startingAt: 0)
+                print("  \(label) \(pacing) \((flood ? "yes" : "no").padding(toLength: 9, withPad: " ", startingAt: 0))  \(String(format: "%6d  %6d  %6d", run.p50, run.p99, run.max))  \(String(format: "%9.0f  %12.0f  %7.0f", Double(run.flushes) / run.elapsed, Double(run.busWrites) / run.elapsed, Double(run.frames) / run.elapsed))  \(String(format: "%17d  %15d", run.chunksWaited, run.busWait))")
+                if flood {
+                    let moved = run.p99 - idleP99
+                    print("    the flood moved p99 by \(moved) µs: \(moved <= chunkMicroseconds ? "within" : "MORE than") one LCD chunk (\(chunkMicroseconds) µs)")
+                } else {
+                    idleP99 = run.p99
+                }
+            }
+        }
+    }
+}
+
+// Usage: blecontrol-bench [all|foundation|servo] [frames]
+blc_allocation_counter_link()
+let arguments = Array(CommandLine.arguments.dropFirst())
+let section = arguments.first ?? "all"
+let frames = arguments.dropFirst().first.flatMap { Int($0) } ?? 10_000
+guard ["all", "foundation", "servo"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo] [frames]")
+    exit(2)
+}
 print("blecontrol benchmarks (\(ProcessInfo.processInfo.activeProcessorCount) cores)\n")
-benchmarkDecoder()
-print("")
 do {
-    try benchmarkLatency(frames: frames)
-    print("")
-    try benchmarkWritesPerFlush()
+    if section != "servo" {
+        benchmarkDecoder()
+        print("")
+        try benchmarkLatency(frames: frames)
+        print("")
+        try benchmarkWritesPerFlush()
+        print("")
+    }
+    if section != "foundation" {
+        benchmarkAllocations()
+        print("")
+        try benchmarkServoDispatch(seconds: 3)
+    }
 } catch {
     print("benchmark failed: \(error)")
     exit(1)

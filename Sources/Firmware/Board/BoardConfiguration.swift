@@ -108,6 +108,8 @@ public struct ServoConfiguration: Sendable {
     public var totemPole: Bool
     /// Sorted by channel number; channel and output numbers are unique.
     public var channels: [ChannelConfiguration]
+    /// Flush budget per PWM period (0: unlimited); see `ServoPath.Timing`.
+    public var maxFlushesPerPeriod: Int = 4
 }
 
 /// The HD44780 character LCD on a PCF8574 backpack.

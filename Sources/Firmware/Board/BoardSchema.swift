@@ -101,8 +101,9 @@ extension BoardReader {
 
     private func servoController(_ node: Node, buses: [String: BusConfiguration]) -> ServoConfiguration? {
         guard let fields = mapping(node, "servo", allowed: [
-            "bus", "address", "frequency_hz", "oscillator_hz", "output_drive", "channels",
+            "bus", "address", "frequency_hz", "oscillator_hz", "output_drive", "channels", "max_flushes_per_period",
         ]) else { return nil }
+        let flushBudget = integer(fields, "max_flushes_per_period", in: 0...100, default: 4)
         let bus = checkBus(fields, buses)
         let address = address(fields, "address", default: 0x40)
         // The prescaler spans 3…255 (datasheet §7.3.5): 24 Hz…1526 Hz at 25 MHz.
@@ -117,13 +118,14 @@ extension BoardReader {
         } else {
             fail(node, "servo.channels", "is required: list the channels centrals may drive")
         }
-        guard let bus, let address, let frequency, let oscillator, let totemPole else { return nil }
+        guard let bus, let address, let frequency, let oscillator, let totemPole, let flushBudget else { return nil }
         if frequency > 400, channels.contains(where: { $0.role != .pwm }) {
             fail(fields.entries["frequency_hz"], "servo.frequency_hz", "\(BoardReader.show(frequency)) Hz is too fast for servo/esc channels (their pulses are up to 2.5 ms; use ≤ 400 Hz)")
         }
         return ServoConfiguration(
             bus: bus, address: address, frequency: Hertz(frequency), oscillator: Hertz(oscillator),
-            totemPole: totemPole, channels: channels.sorted { $0.channel < $1.channel }
+            totemPole: totemPole, channels: channels.sorted { $0.channel < $1.channel },
+            maxFlushesPerPeriod: flushBudget
         )
     }
 

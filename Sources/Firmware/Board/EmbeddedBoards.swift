@@ -27,6 +27,9 @@ servo:
   frequency_hz: 50              # servo frame rate
   oscillator_hz: 25000000       # measured value of this chip (23–27 MHz)
   output_drive: totem-pole      # or open-drain
+  # Writes per PWM period, on average (bursts of as many go out at once):
+  # the chip shows new counts only from its next period. 0: no limit.
+  max_flushes_per_period: 4
   # channel: the number centrals send (PROTOCOL.md); output: the PCA9685 pin.
   # role: servo | esc | pwm. min_us/max_us bound servo and esc pulses.
   # failsafe (what happens when the controller is gone):

@@ -78,12 +78,13 @@ public final class ServoPath: @unchecked Sendable {
         public var faultFailsafeAfter: Duration = .seconds(1)
         /// One PWM period: updates slower than this missed their period.
         public var period: Duration = .milliseconds(20)
-        /// Flushes are at least this far apart. A PCA9685 takes new counts
-        /// at the end of a period (datasheet §7.3.1, "update on STOP" with the
-        /// counter running), so back-to-back writes within one period are
-        /// mostly wasted bus time; a quarter period keeps latency low while
-        /// capping the flush rate at 4 per period.
-        public var minimumFlushInterval: Duration = .milliseconds(5)
+        /// At most this many flushes per PWM period on average, with bursts
+        /// of as many (a token bucket); 0: no limit. The PCA9685 starts new
+        /// counts only with its next period (datasheet §7.3.3: the outputs
+        /// follow the counter, which compares against the registers every
+        /// period), so more writes per period are mostly bus time nobody sees,
+        /// while an isolated update still goes out at once.
+        public var maxFlushesPerPeriod = 4
         /// How often the idle thread wakes to prove it is alive (watchdog).
         public var heartbeat: Duration = .milliseconds(250)
         public init() {}
@@ -117,7 +118,8 @@ public final class ServoPath: @unchecked Sendable {
     private var lastError: String?
     private var failingSince: ContinuousClock.Instant?
     private var failsafe: Failsafe?
-    private var lastFlushAt: ContinuousClock.Instant?
+    private var flushTokens = 0.0
+    private var tokensAt: ContinuousClock.Instant?
     /// Set while the servo thread is inside a bus transfer (stall watch).
     private var busySince: ContinuousClock.Instant?
     private var scheduling = "default scheduler"
@@ -379,8 +381,8 @@ public final class ServoPath: @unchecked Sendable {
             if let dwellDeadline { wakeAt = min(wakeAt, dwellDeadline) }
             if hasWork {
                 // Pace flushes: no more than useful per PWM period.
-                guard let last = lastFlushAt, now < last + timing.minimumFlushInterval else { break }
-                wakeAt = min(wakeAt, last + timing.minimumFlushInterval)
+                guard let nextToken = takeFlushToken(at: now) else { break }
+                wakeAt = min(wakeAt, nextToken)
             }
             _ = condition.wait(until: Date(timeIntervalSinceNow: Self.seconds(now.duration(to: wakeAt))))
             if !hasWork && ContinuousClock.now >= now + timing.heartbeat {
@@ -402,7 +404,6 @@ public final class ServoPath: @unchecked Sendable {
         let generation = tracker.submitted
         let start = ContinuousClock.now
         busySince = start
-        lastFlushAt = start
         condition.unlock()
 
         do {
@@ -447,6 +448,25 @@ public final class ServoPath: @unchecked Sendable {
             if escalate { engageFailsafe(reason: "PCA9685 not answering: \(error)") }
             waitBeforeRetry()
         }
+    }
+
+    /// Takes a flush token (returns nil: flush now) or says when the next
+    /// one is due. With the lock held.
+    private func takeFlushToken(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        let capacity = Double(timing.maxFlushesPerPeriod)
+        guard capacity > 0 else { return nil }
+        let perToken = timing.period / timing.maxFlushesPerPeriod
+        if let tokensAt {
+            flushTokens = min(capacity, flushTokens + Self.seconds(tokensAt.duration(to: now)) / Self.seconds(perToken))
+        } else {
+            flushTokens = capacity
+        }
+        tokensAt = now
+        if flushTokens >= 1 {
+            flushTokens -= 1
+            return nil
+        }
+        return now + perToken * (1 - flushTokens)
     }
 
     /// Ends ESC dwells that are due (with the lock held); returns the next
