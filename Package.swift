@@ -57,7 +57,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "blecontrol", dependencies: [
-            "BLEControlProtocol", "Firmware",
+            "BLEControlProtocol", "Firmware", "LinuxHardware", "Hardware",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         // Interposes malloc to count allocations; linked into the benchmark only.

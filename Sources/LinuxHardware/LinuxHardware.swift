@@ -1,1 +1,0 @@
-// The Linux backends of the Hardware protocols (issue #3).
