@@ -3,6 +3,7 @@ import DeviceEmulators
 import Devices
 import Foundation
 import Hardware
+import LinuxHardware
 import Logging
 
 /// A board brought to life from its board file: buses and devices, the
@@ -123,8 +124,12 @@ public final class BoardRuntime: @unchecked Sendable {
             let output = EmulatedDigitalOutput()
             emulators.led = output
             led = StatusLED(output: output, logger: logger)
-        case .gpio(let chip, let line, let lineName, _)?:
-            throw SetupError(description: "led: \(chip) \(lineName ?? line.map { String($0) } ?? ""): this build has no libgpiod backend yet; use `emulated: true`")
+        case .gpio(let chip, let line, let lineName, let activeLow)?:
+            do {
+                led = StatusLED(output: try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow), logger: logger)
+            } catch {
+                throw SetupError(description: "led: \(error)")
+            }
         case nil:
             led = nil
         }
@@ -377,7 +382,15 @@ public enum BoardBuses {
             case .emulated:
                 buses[name] = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength, byteTime: bus.byteTime)
             case .device(let path):
-                throw BoardRuntime.SetupError(description: "bus \(name): \(path): this build has no Linux i2c-dev backend yet; use an emulated bus")
+                do {
+                    let linux = try LinuxI2CBus(path: path, logger: logger)
+                    // On an SMBus-only adapter the PCF8574's port bytes must go
+                    // out one send-byte each, not as a register block write.
+                    if let lcd = configuration.lcd, lcd.bus == name { linux.setSMBusWriteStyle(.byteStream, for: lcd.address) }
+                    buses[name] = linux
+                } catch {
+                    throw BoardRuntime.SetupError(description: "bus \(name): \(error)")
+                }
             }
         }
         return buses

@@ -188,6 +188,20 @@ struct SimulatorEndToEndTests {
         #expect(try daemon.cli(["status"]).status == 0)
     }
 
+    @Test("board/raspberry-pi.yaml on a machine without its devices: a clear failure, not a crash",
+          .enabled(if: !FileManager.default.fileExists(atPath: "/dev/i2c-1")))
+    func raspberryPiWithoutHardware() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let board = root.appendingPathComponent("board/raspberry-pi.yaml").path
+        let socket = FileManager.default.temporaryDirectory.appendingPathComponent("pi-\(UUID().uuidString.prefix(6)).sock").path
+        let result = try run(Executables.daemon, ["--board", board, "--control-socket", socket])
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("/dev/i2c-1 does not exist"), "\(result.stderr)")
+        let safe = try run(Executables.daemon, ["safe-outputs", "--board", board])
+        #expect(safe.status == 1)
+        #expect(safe.stderr.contains("/dev/i2c-1"))
+    }
+
     @Test("A bad board file or bad arguments: a clear message and exit status 2")
     func badBoardFile() throws {
         let directory = FileManager.default.temporaryDirectory
