@@ -63,6 +63,18 @@ struct FirmwareCoreTests {
         #expect(abs(board.pulse(1) - 1800) <= pulseStep)
     }
 
+    @Test("Calibration maps 1000/1500/2000 µs onto the channel's min/center/max", arguments: [
+        (UInt16(0), 600.0), (250, 1000.0), (500, 1400.0), (750, 1900.0), (1000, 2400.0), (3000, 2400.0),
+    ])
+    func calibration(value: UInt16, expected: Double) throws {
+        let yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "{ channel: 2, output: 2, role: servo, min_us: 1000, max_us: 2000 }", with: "{ channel: 2, output: 2, role: servo, min_us: 600, center_us: 1400, max_us: 2400 }")
+        let board = try EmulatedBoard(yaml: yaml)
+        let session = board.session()
+        session.receive(FrameEncoder.encode(.enable(channel: 2, on: true)) + FrameEncoder.encode(.servo(channel: 2, value: value)))
+        #expect(board.settle() == nil)
+        #expect(abs(board.pulse(2) - expected) <= pulseStep)
+    }
+
     @Test("ERROR replies: unknown command, bad length, channel or line out of range, ERROR from a central")
     func errors() throws {
         let board = try EmulatedBoard()

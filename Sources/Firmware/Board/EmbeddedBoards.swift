@@ -31,7 +31,10 @@ servo:
   # the chip shows new counts only from its next period. 0: no limit.
   max_flushes_per_period: 4
   # channel: the number centrals send (PROTOCOL.md); output: the PCA9685 pin.
-  # role: servo | esc | pwm. min_us/max_us bound servo and esc pulses.
+  # role: servo | esc | pwm. Calibration of servo and esc channels: the
+  # nominal 1000/1500/2000 µs (SERVO_VAL 0/500/1000) land on min_us/center_us/
+  # max_us (center_us defaults to the middle); nothing goes beyond them.
+  # invert: mirror around the centre.
   # failsafe (what happens when the controller is gone):
   #   servo: hold (default) | off | pulse (with failsafe_us)
   #   esc:   off (default) | pulse (neutral/arming pulse, then off after

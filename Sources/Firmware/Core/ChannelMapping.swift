@@ -8,8 +8,9 @@ extension ChannelConfiguration {
     static let originalPeriod = Microseconds(20_000)
 
     /// SERVO_VAL: width = 1000 µs + value µs. Servo and ESC channels clamp it to
-    /// their safe range (and mirror it when inverted); a PWM channel gets the
-    /// raw width, as the original board produced it.
+    /// the nominal range, mirror it when inverted and apply their calibration
+    /// (`safePulse`); a PWM channel gets the raw width, as the original board
+    /// produced it.
     func output(forServoValue value: UInt16) -> PCA9685.Output {
         let width = 1000 + Double(value)
         switch role {
@@ -34,8 +35,24 @@ extension ChannelConfiguration {
         }
     }
 
+    /// The original board's nominal servo range: 1000…2000 µs, centre 1500.
+    static let nominal = (minimum: 1000.0, center: 1500.0, maximum: 2000.0)
+
+    /// Clamps a nominal width to 1000…2000 µs, mirrors it when inverted, and
+    /// maps it piecewise-linearly onto this channel's calibration: 1000 →
+    /// min_us, 1500 → center_us, 2000 → max_us. With the defaults
+    /// (1000/1500/2000) this is the identity, exactly PROTOCOL.md's
+    /// `1000 + value`; a servo that needs 600–2400 µs for its full travel,
+    /// or whose neutral sits at 1480 µs, gets it from the board file.
     private func safePulse(_ width: Double) -> Microseconds {
-        let clamped = min(max(width, minimum.value), maximum.value)
-        return Microseconds(invert ? minimum.value + maximum.value - clamped : clamped)
+        let nominal = Self.nominal
+        var value = min(max(width, nominal.minimum), nominal.maximum)
+        if invert { value = nominal.minimum + nominal.maximum - value }
+        if value <= nominal.center {
+            let fraction = (value - nominal.minimum) / (nominal.center - nominal.minimum)
+            return Microseconds(minimum.value + fraction * (center.value - minimum.value))
+        }
+        let fraction = (value - nominal.center) / (nominal.maximum - nominal.center)
+        return Microseconds(center.value + fraction * (maximum.value - center.value))
     }
 }
