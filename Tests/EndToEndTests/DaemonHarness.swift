@@ -112,7 +112,10 @@ final class SimulatorDaemon {
         }
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
 
     /// SIGTERM and wait; returns the exit status.
     @discardableResult
