@@ -19,7 +19,7 @@ struct BLEControlCLI: ParsableCommand {
         exists, else the simulator's /tmp/blecontrol-simulator.sock.
         """,
         version: BLEControlVersion.string,
-        subcommands: [Status.self, Servo.self, PWM.self, Enable.self, LCD.self, Clear.self, Init.self, Send.self, Watch.self]
+        subcommands: [Status.self, Servo.self, PWM.self, Enable.self, LCD.self, Clear.self, Init.self, Send.self, Watch.self, Doctor.self]
     )
 }
 

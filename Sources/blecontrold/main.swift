@@ -69,7 +69,7 @@ struct Run: ParsableCommand {
         discussion: """
         With no --board, runs the built-in simulator board (emulated PCA9685, 16×2 LCD and LED; \
         TCP on 127.0.0.1:7171). Exit status 2: the board file or the arguments are wrong.
-        """,
+        """
     )
 
     @Option(name: .long, help: "Board file (YAML). Default: the built-in simulator board.")
