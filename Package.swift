@@ -35,6 +35,12 @@ let package = Package(
         // C views of i2c-dev and libgpiod (from libi2c-dev and libgpiod-dev).
         .target(name: "CLinuxI2C", linkerSettings: [.linkedLibrary("i2c")]),
         .target(name: "CGPIOD", linkerSettings: [.linkedLibrary("gpiod")]),
+        // libdbus-1 (libdbus-1-dev) and the BlueZ peripheral built on it.
+        .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
+        .target(name: "BlueZ", dependencies: [
+            "CDBus",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         // The Linux backends of the bus and pin protocols.
         .target(name: "LinuxHardware", dependencies: [
             "Hardware", "CLinuxI2C", "CGPIOD",
@@ -46,7 +52,7 @@ let package = Package(
         ]),
         .target(name: "DeviceEmulators", dependencies: ["Hardware"]),
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware",
+            "BLEControlProtocol", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
             .product(name: "Yams", package: "Yams"),
@@ -76,6 +82,7 @@ let package = Package(
             "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "CDBus"]),
         .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C"]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
     ],

@@ -383,11 +383,14 @@ public enum BoardBuses {
                 buses[name] = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength, byteTime: bus.byteTime)
             case .device(let path):
                 do {
-                    let linux = try LinuxI2CBus(path: path, logger: logger)
-                    // On an SMBus-only adapter the PCF8574's port bytes must go
-                    // out one send-byte each, not as a register block write.
-                    if let lcd = configuration.lcd, lcd.bus == name { linux.setSMBusWriteStyle(.byteStream, for: lcd.address) }
-                    buses[name] = linux
+                    // On an SMBus-only adapter the PCF8574's port bytes go out
+                    // as I2C block writes: the "command" byte is just the
+                    // first port byte on the wire, and the PCF8574 latches
+                    // every byte it receives (NXP PCF8574 datasheet §8.2), so
+                    // a 33-byte block equals a plain write (the HD44780 driver
+                    // keeps writes within maxWriteLength): 4 transfers per
+                    // LCD line instead of 68 send-bytes.
+                    buses[name] = try LinuxI2CBus(path: path, logger: logger)
                 } catch {
                     throw BoardRuntime.SetupError(description: "bus \(name): \(error)")
                 }

@@ -1,0 +1,1 @@
+// The Swift D-Bus layer and the BlueZ GATT peripheral (issue #4).

@@ -1,0 +1,335 @@
+#!/bin/bash
+# Runs inside the VM that Tests/VM/run boots (as root, on the host's root
+# filesystem mounted read-only; only $OUT is writable, plus the guest's own
+# tmpfs /run; /tmp is the host's, read-only). Sets up a real /dev/i2c-N (i2c-stub + i2c-dev) and a
+# real GPIO chip (gpio-sim through configfs), then runs the checks. Each check
+# appends one line to $OUT/results.txt: `PASS id: what` or `FAIL id: what: why`.
+#
+# Usage: guest.sh OUT   (OUT/guest.env is written by Tests/VM/run)
+set -u
+OUT=$1
+# shellcheck source=/dev/null
+. "$OUT/guest.env"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+results=$OUT/results.txt
+: > "$results"
+work=/run/blecontrol-vm
+mkdir -p "$work"
+
+say() { echo "[guest $(date +%T)] $*"; }
+record() { echo "$*" >> "$results"; echo "$*"; }
+pass() { record "PASS $1: $2"; }
+fail() { record "FAIL $1: $2${3:+: $3}"; }
+# check ID WHAT COMMAND...: PASS when COMMAND succeeds; its output is the why.
+# COMMAND runs in this shell (setup functions set variables).
+check() {
+    local id=$1 what=$2
+    shift 2
+    if "$@" > "$work/why" 2>&1; then pass "$id" "$what"; else fail "$id" "$what" "$(tail -3 "$work/why" | tr '\n' ' ')"; fi
+}
+
+# --- The Raspberry Pi board file where its devices are missing ------------------
+# Before any I2C module is loaded there is no /dev/i2c-1 and no line GPIO17:
+# the daemon must refuse with a message and an exit status, not crash or hang.
+rpi_board_fails_clearly() {
+    local status
+    timeout 30 "$DAEMON" --board "$REPO/board/raspberry-pi.yaml" --control-socket "$work/rpi.sock" \
+        > "$OUT/daemon-rpi.log" 2>&1
+    status=$?
+    [ "$status" -ge 1 ] && [ "$status" -lt 124 ] || { echo "exit status $status: $(tail -2 "$OUT/daemon-rpi.log")"; return 1; }
+    grep -Eq 'i2c-1|GPIO17|gpiochip0' "$OUT/daemon-rpi.log" || { echo "no word of the missing device: $(tail -2 "$OUT/daemon-rpi.log")"; return 1; }
+}
+check r1 "board/raspberry-pi.yaml without its devices: clear refusal, exit status 1-123" rpi_board_fails_clearly
+
+# --- I2C: i2c-stub answers at the PCA9685's and the LCD backpack's addresses --
+BUS=""
+setup_i2c() {
+    modprobe i2c-stub chip_addr=0x40,0x27 || return 1
+    modprobe i2c-dev || return 1
+    local dev
+    # Found by name: QEMU's own SMBus controller may take i2c-0.
+    for dev in /sys/bus/i2c/devices/i2c-*; do
+        if [ "$(cat "$dev/name")" = "SMBus stub driver" ]; then BUS=${dev##*/i2c-}; fi
+    done
+    [ -n "$BUS" ] || { echo "no adapter named 'SMBus stub driver'"; return 1; }
+    for _ in $(seq 50); do [ -c "/dev/i2c-$BUS" ] && return 0; sleep 0.1; done
+    echo "/dev/i2c-$BUS did not appear"; return 1
+}
+check setup-i2c "i2c-stub (0x40, 0x27) and i2c-dev loaded, stub bus found by name" setup_i2c
+say "stub bus: i2c-$BUS"
+
+# Register helpers on the stub bus (SMBus byte data; prints 0xNN).
+reg() { i2cget -y "$BUS" "$1" "$2" b 2>&1; }
+poke() { i2cset -y "$BUS" "$1" "$2" "$3" b; }
+# expect_reg ADDR REG VALUE: the register reads VALUE (both as numbers).
+expect_reg() {
+    local got; got=$(reg "$1" "$2")
+    [ $((got)) -eq $(($3)) ] 2>/dev/null || { echo "register $2 of $1 reads $got, want $3"; return 1; }
+}
+# wait_reg ADDR REG VALUE SECONDS: as expect_reg, polled (the servo thread
+# flushes on its own schedule).
+wait_reg() {
+    local deadline=$(( $(date +%s) + $4 ))
+    while ! expect_reg "$1" "$2" "$3" >/dev/null; do
+        [ "$(date +%s)" -lt "$deadline" ] || { expect_reg "$1" "$2" "$3"; return 1; }
+        sleep 0.1
+    done
+}
+
+# --- GPIO: a gpio-sim chip with one bank of 8 lines ---------------------------
+CHIP=""; SIMDEV=""
+setup_gpio() {
+    modprobe configfs || return 1
+    mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config || return 1
+    [ -f "$GPIO_SIM_KO" ] || { echo "$GPIO_SIM_KO is not visible in the guest (virtme covers /var/cache, /var/tmp, /var/log with tmpfs)"; return 1; }
+    insmod "$GPIO_SIM_KO" || return 1
+    local cfg=/sys/kernel/config/gpio-sim/blecontrol
+    mkdir "$cfg" "$cfg/bank0" "$cfg/bank0/line0" || return 1
+    echo 8 > "$cfg/bank0/num_lines"
+    echo status-led > "$cfg/bank0/line0/name"
+    echo 1 > "$cfg/live" || return 1
+    SIMDEV=$(cat "$cfg/dev_name"); CHIP=$(cat "$cfg/bank0/chip_name")
+    [ -c "/dev/$CHIP" ] || { echo "/dev/$CHIP missing"; return 1; }
+    [ -r "/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio0/value" ] || { echo "sim_gpio0/value missing"; return 1; }
+}
+check setup-gpio "gpio-sim built for this kernel loads; chip with 8 lines created through configfs" setup_gpio
+say "gpio-sim: $SIMDEV/$CHIP"
+LEDVALUE=/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio0/value
+# debugfs names each requested line's consumer.
+mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug 2>/dev/null
+
+# --- (a) i2c-stub sanity through i2c-tools -------------------------------------
+if [ -n "$BUS" ]; then
+    check a1 "byte write then read back at 0x40" sh -c "i2cset -y $BUS 0x40 0x10 0xa5 b && [ \$((\$(i2cget -y $BUS 0x40 0x10 b))) -eq $((0xa5)) ]"
+    check a2 "word write then read back at 0x27" sh -c "i2cset -y $BUS 0x27 0x20 0x1234 w && [ \$((\$(i2cget -y $BUS 0x27 0x20 w))) -eq $((0x1234)) ]"
+    check a3 "I2C block write lands in consecutive registers" sh -c "i2cset -y $BUS 0x40 0x30 0x01 0x02 0x03 i && [ \$((\$(i2cget -y $BUS 0x40 0x32 b))) -eq 3 ]"
+    check a4 "absent address 0x26 does not acknowledge" sh -c "! i2cget -y $BUS 0x26 0x00 b"
+    i2cdetect -F "$BUS" > "$OUT/i2c-funcs.txt" 2>&1
+    # The stub is SMBus only: our backend must fall back from I2C_RDWR.
+    check a5 "stub adapter lacks plain I2C (the daemon must use its SMBus fallback)" grep -Eq '^I2C +no' "$OUT/i2c-funcs.txt"
+    for r in 0x10 0x20 0x21 0x30 0x31 0x32; do poke 0x40 $r 0; poke 0x27 $r 0; done
+else
+    fail a "i2c-stub sanity" "no stub bus"
+fi
+
+# --- (g) gpio-sim sanity through libgpiod's tools (lines 1 and 2; 0 is the LED) --
+gpio_output_seen() { # a line held high by gpioset reads 1 on the sim side; released, 0
+    local pid value
+    if gpioset --help 2>&1 | grep -q -- '--mode'; then
+        gpioset --mode=signal "$CHIP" 1=1 & pid=$!          # libgpiod 1.x
+    else
+        gpioset -c "$CHIP" 1=1 & pid=$!                      # libgpiod 2.x holds by default
+    fi
+    for _ in $(seq 50); do
+        value=$(cat "/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio1/value")
+        [ "$value" = 1 ] && break
+        sleep 0.1
+    done
+    kill "$pid"; wait "$pid" 2>/dev/null
+    [ "$value" = 1 ] || { echo "held high, sim_gpio1/value reads $value"; return 1; }
+    value=$(cat "/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio1/value")
+    [ "$value" = 0 ] || { echo "released, sim_gpio1/value reads $value (want its pull-down)"; return 1; }
+}
+gpio_input_seen() { # the sim side's pull is what a reader of the line sees
+    local pull=/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio2/pull up down
+    if gpioget --help 2>&1 | grep -q -- '--chip'; then
+        read_line() { gpioget --numeric -c "$CHIP" 2; }      # libgpiod 2.x
+    else
+        read_line() { gpioget "$CHIP" 2; }                   # libgpiod 1.x
+    fi
+    echo pull-up > "$pull"; up=$(read_line)
+    echo pull-down > "$pull"; down=$(read_line)
+    [ "$up" = 1 ] && [ "$down" = 0 ] || { echo "pull-up read $up, pull-down read $down"; return 1; }
+}
+if [ -n "$CHIP" ]; then
+    check g1 "gpio-sim output: a held line reads 1, released 0" gpio_output_seen
+    check g2 "gpio-sim input: the simulated pull reaches the reader" gpio_input_seen
+else
+    fail g "gpio-sim sanity" "no gpio-sim chip"
+fi
+
+# --- (b) the daemon's Linux backends against the stub and the simulated chip ---
+SOCKET=$work/control.sock
+write_board() { # write_board FILE LCD-ADDRESS
+    cat > "$1" <<EOF
+# Generated by Tests/VM/guest.sh: i2c-stub bus, gpio-sim LED.
+name: vm-stub
+buses:
+  stub:
+    device: /dev/i2c-$BUS
+servo:
+  bus: stub
+  address: 0x40
+  frequency_hz: 50
+  oscillator_hz: 25000000
+  output_drive: totem-pole
+  channels:
+    - { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 1, output: 1, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 2, output: 2, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 3, output: 3, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 4, output: 4, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 5, output: 5, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 6, output: 6, role: servo, min_us: 1000, max_us: 2000 }
+    - { channel: 7, output: 7, role: servo, min_us: 1000, max_us: 2000 }
+lcd:
+  bus: stub
+  address: $2
+  columns: 16
+  rows: 2
+  pins: { rs: 0, rw: 1, e: 2, backlight: 3, d4: 4, d5: 5, d6: 6, d7: 7 }
+  chars_per_transaction: 4
+led:
+  chip: $CHIP
+  line: 0
+ble:
+  enabled: false
+transports:
+  tcp:
+    enabled: true
+    listen: 127.0.0.1:0
+control:
+  socket: $SOCKET
+EOF
+}
+
+DPID=""
+# start_daemon BOARD LOG: starts it and waits until the control socket answers.
+start_daemon() {
+    rm -f "$SOCKET"
+    "$DAEMON" --board "$1" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$2" 2>&1 &
+    DPID=$!
+    for _ in $(seq 300); do
+        kill -0 "$DPID" 2>/dev/null || { wait "$DPID"; echo "exited with status $? at start: $(tail -2 "$2" | tr '\n' ' ')"; DPID=""; return 1; }
+        "$CLI" status --socket "$SOCKET" --json > /dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "control socket did not answer within 30 s: $(tail -2 "$2" | tr '\n' ' ')"; return 1
+}
+stop_daemon() { # SIGTERM; the daemon must exit 0 within 15 s
+    [ -n "$DPID" ] || { echo "not running"; return 1; }
+    kill -TERM "$DPID"
+    local status
+    for _ in $(seq 150); do
+        if ! kill -0 "$DPID" 2>/dev/null; then wait "$DPID"; status=$?; DPID=""; [ "$status" = 0 ] || { echo "exit status $status"; return 1; }; return 0; fi
+        sleep 0.1
+    done
+    kill -KILL "$DPID"; DPID=""; echo "still running 15 s after SIGTERM"; return 1
+}
+cli() { "$CLI" "$@" --socket "$SOCKET"; }
+# The LED line must change while the daemon holds it (slow blink).
+led_toggles() {
+    local seen0=0 seen1=0 value
+    for _ in $(seq 40); do
+        value=$(cat "$LEDVALUE")
+        [ "$value" = 0 ] && seen0=1
+        [ "$value" = 1 ] && seen1=1
+        [ $seen0 = 1 ] && [ $seen1 = 1 ] && return 0
+        sleep 0.1
+    done
+    echo "sampled only: $( [ $seen0 = 1 ] && echo 0) $( [ $seen1 = 1 ] && echo 1) over 4 s"
+    return 1
+}
+consumer_is() { # the LED line's consumer as debugfs shows it
+    if [ "$1" = none ]; then ! grep -q blecontrold /sys/kernel/debug/gpio
+    else grep -q "$1" /sys/kernel/debug/gpio || { cat /sys/kernel/debug/gpio; return 1; }
+    fi
+}
+poison_led0() { for r in 0x06 0x07 0x08 0x09; do poke 0x40 $r 0xee; done; }
+servo_lands() { # LED0_ON = 0, LED0_OFF = 307 (1500 µs of a 50 Hz frame, 25 MHz, prescale 121)
+    wait_reg 0x40 0x08 0x33 5 && expect_reg 0x40 0x09 0x01 && expect_reg 0x40 0x06 0x00 && expect_reg 0x40 0x07 0x00
+}
+
+# status_holds EXPR [SECONDS]: the Python expression EXPR over the status
+# object `s` (blecontrol status --json) becomes true within SECONDS (default 0).
+status_holds() {
+    local deadline=$(( $(date +%s) + ${2:-0} ))
+    while :; do
+        if "$CLI" status --socket "$SOCKET" --json > "$work/status.json" 2>&1 \
+            && /usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[2])); sys.exit(0 if eval(sys.argv[1]) else 1)' "$1" "$work/status.json" 2>/dev/null; then
+            return 0
+        fi
+        [ "$(date +%s)" -lt "$deadline" ] || break
+        sleep 0.2
+    done
+    echo "not true: $1; status: $(/usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(json.dumps({k: s.get(k) for k in ("lcd", "led", "servo")}))' "$work/status.json" 2>/dev/null || cat "$work/status.json")"
+    return 1
+}
+mode1_awake() { # PCA9685 MODE1 bit 4 (SLEEP) clear: the oscillator runs (datasheet 7.3.1)
+    local mode1; mode1=$(reg 0x40 0x00)
+    [ $(( mode1 & 0x10 )) -eq 0 ] || { echo "MODE1 = $mode1"; return 1; }
+}
+servo_command_lands() { cli enable 0 on && cli servo 0 500 && servo_lands; }
+
+run_daemon_checks() {
+    local board=$work/board-vm.yaml board_absent=$work/board-vm-lcd-absent.yaml
+    write_board "$board" 0x27
+    write_board "$board_absent" 0x26
+    cp "$board" "$board_absent" "$OUT/"
+    check b0 "board file for the VM is valid" "$DAEMON" --board "$board" --check-board
+
+    # Poison what the daemon must write, so a pass proves it wrote it.
+    poke 0x40 0xfd 0x00; poke 0x40 0xfe 0x00; poke 0x40 0x00 0x00; poison_led0
+    if ! start_daemon "$board" "$OUT/daemon-1.log" > "$work/why" 2>&1; then why=$(cat "$work/why")
+        fail b1 "daemon starts on /dev/i2c-$BUS and $CHIP" "$why"
+        fail b "remaining daemon checks" "not run: the daemon did not start"
+        return
+    fi
+    pass b1 "daemon starts on /dev/i2c-$BUS and $CHIP"
+    check b2 "startup all-off: ALL_LED_OFF_H (0xFD) = 0x10" wait_reg 0x40 0xfd 0x10 5
+    check b3 "PRE_SCALE (0xFE) = 121 (50 Hz at 25 MHz)" expect_reg 0x40 0xfe 0x79
+    check b4 "MODE1 awake (SLEEP bit clear)" mode1_awake
+    check b5 "enable 0 on + servo 0 500: LED0_ON = 0, LED0_OFF = 307 (0x133)" servo_command_lands
+    check b6 "status: channel 0 enabled, pulse about 1500 µs" \
+        status_holds 's["channels"][0]["enabled"] and 1490 <= s["channels"][0]["pulse_us"] <= 1510'
+    check b7 "status: LCD at 0x27 online" status_holds 's["lcd"]["online"] is True'
+    cli lcd 0 Hello > /dev/null 2>&1
+    check b8 "lcd 0 Hello reaches the framebuffer" status_holds 's["lcd"]["lines"][0].startswith("Hello")' 3
+    check b9 "LED line held by consumer blecontrold" consumer_is blecontrold
+    check b10 "LED line toggles (both 0 and 1 seen on sim_gpio0)" led_toggles
+    cli status --json > "$OUT/status-1.json" 2>&1
+    poke 0x40 0xfd 0x00
+    check b11 "SIGTERM: daemon exits 0" stop_daemon
+    check b12 "shutdown: all outputs off again (0xFD = 0x10)" expect_reg 0x40 0xfd 0x10
+    check b13 "shutdown: chip not put to sleep (MODE1 SLEEP clear)" mode1_awake
+    check b14 "LED line released after exit" consumer_is none
+
+    # The LCD at an address nothing answers at: the daemon keeps going.
+    poison_led0
+    if ! start_daemon "$board_absent" "$OUT/daemon-2.log" > "$work/why" 2>&1; then why=$(cat "$work/why")
+        fail b20 "daemon starts with the LCD at absent 0x26" "$why"
+        return
+    fi
+    pass b20 "daemon starts with the LCD at absent 0x26"
+    sleep 3
+    check b21 "daemon still running 3 s later" kill -0 "$DPID"
+    check b22 "status: LCD offline with an error" status_holds 's["lcd"]["online"] is False and bool(s["lcd"].get("error"))' 
+    poison_led0
+    check b23 "servo write still lands with the LCD offline" servo_command_lands
+    cli status --json > "$OUT/status-2.json" 2>&1
+    check b24 "SIGTERM: daemon exits 0" stop_daemon
+    # Probed about once a second all along, but reported once.
+    check b25 "the LCD's failure logged once, not per probe" \
+        sh -c "n=\$(grep -ci 'lcd.*offline' '$OUT/daemon-2.log'); [ \"\$n\" = 1 ] || { echo \"\$n lines about the LCD offline\"; exit 1; }"
+}
+if [ -n "$BUS" ] && [ -n "$CHIP" ]; then
+    run_daemon_checks
+else
+    fail b "daemon checks" "not run: no stub bus or no gpio-sim chip"
+fi
+[ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null
+
+# --- (c) the peer comparison (item 6), when asked for --------------------------
+if [ "$PEERS" = 1 ]; then
+    board=""; [ -f "$work/board-vm.yaml" ] && board=$work/board-vm.yaml
+    say "peer comparison"
+    BUS=$BUS BOARD=$board "$REPO/Tests/VM/peers.sh" "$OUT" > "$OUT/peers.log" 2>&1
+    status=$?
+    if [ $status = 0 ]; then pass c "peer comparison ran (table in peers-table.txt)"; else fail c "peer comparison" "exit $status, see peers.log: $(tail -2 "$OUT/peers.log" | tr '\n' ' ')"; fi
+fi
+
+dmesg > "$OUT/dmesg.txt" 2>&1
+touch "$OUT/guest-done"
+sync
+grep -q '^FAIL' "$results" && exit 1
+exit 0
