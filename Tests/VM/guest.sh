@@ -312,8 +312,52 @@ run_daemon_checks() {
     check b25 "the LCD's failure logged once, not per probe" \
         sh -c "n=\$(grep -ci 'lcd.*offline' '$OUT/daemon-2.log'); [ \"\$n\" = 1 ] || { echo \"\$n lines about the LCD offline\"; exit 1; }"
 }
+# --- (d) a crash and safe-outputs (issue #5), doctor (issue #6), and the
+# Linux backends' own tests against the real kernel interfaces (issue #3) ---
+run_recovery_checks() {
+    local board=$work/board-vm.yaml
+    poison_led0
+    if ! start_daemon "$board" "$OUT/daemon-3.log" > "$work/why" 2>&1; then
+        fail d1 "daemon starts for the crash test" "$(cat "$work/why")"; return
+    fi
+    check d1 "servo 0 500 lands before the crash" servo_command_lands
+    kill -KILL "$DPID"; wait "$DPID" 2>/dev/null; DPID=""
+    # After kill -9 nothing switched the chip off: the motor would keep going.
+    check d2 "kill -9: the chip keeps producing the last pulse (LED0_OFF_L = 0x33)" expect_reg 0x40 0x08 0x33
+    poke 0x40 0xfd 0x00
+    check d3 "safe-outputs after the crash exits 0" "$DAEMON" safe-outputs --board "$board"
+    check d4 "safe-outputs: every output off with one write (0xFD = 0x10)" expect_reg 0x40 0xfd 0x10
+    check d5 "safe-outputs does not sleep the chip (MODE1 SLEEP clear)" mode1_awake
+
+    if start_daemon "$board" "$OUT/daemon-4.log" > "$work/why" 2>&1; then
+        "$CLI" doctor --board "$board" --socket "$SOCKET" > "$OUT/doctor.txt" 2>&1
+        check d6 "doctor: the bus, the PCA9685 and the LCD backpack answer" sh -c "
+            grep -Eq '^ *OK +bus ' '$OUT/doctor.txt' && grep -Eq '^ *OK +PCA9685 0x40' '$OUT/doctor.txt' &&
+            grep -Eq '^ *OK +LCD backpack 0x27' '$OUT/doctor.txt' || { grep -E 'FAIL|WARN' '$OUT/doctor.txt' | head -3; exit 1; }"
+        check d7 "doctor: the daemon and its servo path are reported online" sh -c "grep -Eq '^ *OK +servo path: PCA9685 online' '$OUT/doctor.txt'"
+        stop_daemon > /dev/null 2>&1
+    else
+        fail d6 "doctor against a running daemon" "$(cat "$work/why")"
+    fi
+
+    local bundle
+    bundle=$(dirname "$DAEMON")/BLEControlPackageTests.xctest
+    if [ -x "$bundle" ]; then
+        BLC_TEST_I2C_BUS=/dev/i2c-$BUS BLC_TEST_GPIOSIM_CHIP=/dev/$CHIP \
+            BLC_TEST_GPIOSIM_SYSFS=/sys/devices/platform/$SIMDEV/$CHIP \
+            BLC_TEST_GPIOSIM_LINE_NAME=status-led BLC_TEST_GPIOSIM_LINE_OFFSET=0 TMPDIR=$work \
+            "$bundle" --testing-library swift-testing --filter LinuxHardwareTests > "$OUT/linux-hardware-tests.log" 2>&1
+        check d8 "LinuxHardwareTests against i2c-stub and gpio-sim: none skipped, all pass" sh -c "
+            grep -q 'Test run with .* passed' '$OUT/linux-hardware-tests.log' && ! grep -q 'skipped' '$OUT/linux-hardware-tests.log' ||
+            { grep -E 'failed|skipped|error' '$OUT/linux-hardware-tests.log' | head -3; exit 1; }"
+    else
+        fail d8 "LinuxHardwareTests in the VM" "no test bundle at $bundle (build with --build-tests)"
+    fi
+}
+
 if [ -n "$BUS" ] && [ -n "$CHIP" ]; then
     run_daemon_checks
+    run_recovery_checks
 else
     fail b "daemon checks" "not run: no stub bus or no gpio-sim chip"
 fi
