@@ -168,6 +168,27 @@ struct FirmwareCoreTests {
         #expect(board.eventually { board.lines.first == "late            " })
     }
 
+    @Test("An LCD unplugged and plugged back in is initialised again and redrawn from the framebuffer; servos keep working")
+    func lcdReplug() throws {
+        let board = try EmulatedBoard()
+        let session = board.session()
+        session.receive(FrameEncoder.encode(.lcdText(line: 0, text: Array("before".utf8))))
+        #expect(board.settle() == nil)
+        #expect(board.lines.first == "before          ")
+        // Unplugged: the backpack stops acknowledging and loses power.
+        board.bus.detach(at: I2CAddress(0x27)!)
+        board.display.powerCycle()
+        session.receive(FrameEncoder.encode(.lcdText(line: 1, text: Array("while away".utf8))))
+        #expect(board.eventually { board.lcd.snapshot().online == false })
+        session.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 500)))
+        #expect(board.eventually { abs(board.pulse(0) - 1500) <= pulseStep }, "servos keep working while the LCD is away")
+        // Plugged back in: blank and uninitialised until the service notices.
+        board.bus.attach(board.display, at: I2CAddress(0x27)!)
+        #expect(board.eventually { board.lines == ["before          ", "while away      "] })
+        #expect(board.display.lcd.isInitialized)
+        #expect(board.lcd.snapshot().online)
+    }
+
     @Test("Stopping the servo path switches every output off")
     func stopAllOff() throws {
         let board = try EmulatedBoard()
