@@ -181,14 +181,7 @@ extension SimulatorDaemon {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw HarnessError(description: "socket: \(errno)") }
         defer { close(fd) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (index, byte) in socketPath.utf8.enumerated() where index < raw.count - 1 { raw[index] = byte }
-        }
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let connected = withUnixAddress(socketPath) { connect(fd, $0, $1) }
         guard connected == 0 else { throw HarnessError(description: "connect \(socketPath): \(errno)") }
         _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var received: [UInt8] = []
@@ -214,14 +207,7 @@ final class NotifySocket {
     init() throws {
         path = FileManager.default.temporaryDirectory.appendingPathComponent("notify-\(UUID().uuidString.prefix(8)).sock").path
         fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (index, byte) in path.utf8.enumerated() where index < raw.count - 1 { raw[index] = byte }
-        }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let bound = withUnixAddress(path) { bind(fd, $0, $1) }
         guard bound == 0 else { throw HarnessError(description: "bind \(path): \(errno)") }
     }
 
@@ -242,5 +228,17 @@ final class NotifySocket {
             if n > 0 { result.append(String(decoding: buffer[0..<n], as: UTF8.self)) }
         }
         return result
+    }
+}
+
+/// Calls `body` with a `sockaddr_un` for `path` (bind, connect).
+func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in
+        for (index, byte) in path.utf8.enumerated() where index < raw.count - 1 { raw[index] = byte }
+    }
+    return withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
 }

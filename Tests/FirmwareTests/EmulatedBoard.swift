@@ -78,16 +78,6 @@ final class EmulatedBoard: @unchecked Sendable {
 
     func pulse(_ output: Int) -> Double { chip.output(channel: output).pulseWidth.value }
     var lines: [String] { display.lcd.lines }
-
-    /// Polls `condition` for up to `timeout` (recovery paths run on timers).
-    func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Bool {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if condition() { return true }
-            usleep(5_000)
-        }
-        return condition()
-    }
 }
 
 final class LockedBox<Value>: @unchecked Sendable {

@@ -55,6 +55,7 @@ final class RunningBoard {
     }
 }
 
+/// Polls `condition` for up to `timeout` (outputs apply on other threads).
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Bool {
     let deadline = ContinuousClock.now + timeout
     while ContinuousClock.now < deadline {

@@ -148,10 +148,10 @@ struct FirmwareCoreTests {
     func servoFault() throws {
         let board = try EmulatedBoard()
         let session = board.session()
-        #expect(board.eventually { board.servo.snapshot().online })
+        #expect(eventually { board.servo.snapshot().online })
         board.bus.injectFault(.noAcknowledge, at: I2CAddress(0x40)!, count: 3)
         session.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 250)))
-        #expect(board.eventually { abs(board.pulse(0) - 1250) <= pulseStep })
+        #expect(eventually { abs(board.pulse(0) - 1250) <= pulseStep })
         let snapshot = board.servo.snapshot()
         #expect(snapshot.metrics.failedFlushes >= 1)
         #expect(snapshot.online)
@@ -162,10 +162,10 @@ struct FirmwareCoreTests {
         let board = try EmulatedBoard(attachDisplay: false)
         let session = board.session()
         session.receive(FrameEncoder.encode(.lcdText(line: 0, text: Array("late".utf8))))
-        #expect(board.eventually { board.lcd.snapshot().lastError != nil })
+        #expect(eventually { board.lcd.snapshot().lastError != nil })
         #expect(board.lcd.snapshot().online == false)
         board.bus.attach(board.display, at: I2CAddress(0x27)!)
-        #expect(board.eventually { board.lines.first == "late            " })
+        #expect(eventually { board.lines.first == "late            " })
     }
 
     @Test("An LCD unplugged and plugged back in is initialised again and redrawn from the framebuffer; servos keep working")
@@ -179,12 +179,12 @@ struct FirmwareCoreTests {
         board.bus.detach(at: I2CAddress(0x27)!)
         board.display.powerCycle()
         session.receive(FrameEncoder.encode(.lcdText(line: 1, text: Array("while away".utf8))))
-        #expect(board.eventually { board.lcd.snapshot().online == false })
+        #expect(eventually { board.lcd.snapshot().online == false })
         session.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 500)))
-        #expect(board.eventually { abs(board.pulse(0) - 1500) <= pulseStep }, "servos keep working while the LCD is away")
+        #expect(eventually { abs(board.pulse(0) - 1500) <= pulseStep }, "servos keep working while the LCD is away")
         // Plugged back in: blank and uninitialised until the service notices.
         board.bus.attach(board.display, at: I2CAddress(0x27)!)
-        #expect(board.eventually { board.lines == ["before          ", "while away      "] })
+        #expect(eventually { board.lines == ["before          ", "while away      "] })
         #expect(board.display.lcd.isInitialized)
         #expect(board.lcd.snapshot().online)
     }
