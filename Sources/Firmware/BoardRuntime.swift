@@ -31,6 +31,7 @@ public final class BoardRuntime: @unchecked Sendable {
     private let dispatcher: Dispatcher
     private let hub: SessionHub
     private let tcp: TCPTransport
+    private let ble: BLETransport
     private let control: ControlServer
     private let observer: EmulatorObserver?
     private var transportState: [String: String] = [:]
@@ -140,6 +141,7 @@ public final class BoardRuntime: @unchecked Sendable {
         dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, logger: logger)
+        ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         wireFailsafe()
@@ -161,7 +163,12 @@ public final class BoardRuntime: @unchecked Sendable {
             } else {
                 transportState["tcp"] = "disabled in the board file"
             }
-            transportState["ble"] = "not built yet"
+            if configuration.ble.enabled {
+                // Never fails: no bus or no BlueZ is a state in status, retried.
+                ble.start(configuration: configuration.ble, boardName: configuration.name)
+            } else {
+                transportState["ble"] = "disabled in the board file"
+            }
             try control.start(path: socketPath)
             transportState["control"] = socketPath
             led?.pattern = .slowBlink
@@ -183,6 +190,7 @@ public final class BoardRuntime: @unchecked Sendable {
         notifier.notify("STOPPING=1\nSTATUS=stopping: outputs off")
         if loop.isOnLoop == false {
             try? loop.submitAndWait { [self] in
+                ble.stop()
                 tcp.stop()
                 control.stop()
                 if let ledTimer { loop.cancelTimer(ledTimer) }
@@ -336,7 +344,7 @@ public final class BoardRuntime: @unchecked Sendable {
             simulated: observer != nil, channels: channels, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
             sessions: sessions,
             counters: StatusReport.Counters(frames: counters.frames, errors: counters.errors, discardedPartials: counters.discardedPartials, sessionsTotal: hub.totalOpened),
-            transports: transportState
+            transports: configuration.ble.enabled ? transportState.merging(["ble": ble.state]) { $1 } : transportState
         )
     }
 

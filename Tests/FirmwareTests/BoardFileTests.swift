@@ -200,4 +200,15 @@ struct BoardFileTests {
         }
         #expect(refused > 100)
     }
+
+    @Test("BLE keys: security modes, power_on and an allow-list of addresses")
+    func bleKeys() throws {
+        let board = try BoardFile.parse(minimal + "\nble: { name: Rover, security: encrypted, power_on: false, allow: [\"AA:BB:CC:DD:EE:FF\"] }\n", path: "t.yaml")
+        #expect(board.ble.name == "Rover")
+        #expect(board.ble.powerOn == false)
+        #expect(board.ble.allow.count == 1)
+        #expect("\(board.ble.security)".contains("encrypted"))
+        #expect(!problems(minimal + "\nble: { security: paranoid }\n").isEmpty)
+        #expect(!problems(minimal + "\nble: { allow: [\"not-an-address\"] }\n").isEmpty)
+    }
 }

@@ -131,11 +131,26 @@ public enum LEDConfiguration: Sendable, Equatable {
     case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
 }
 
-/// BLE peripheral settings (the BLE transport is issue #4).
+/// BLE peripheral settings (the BLE transport through BlueZ, issue #4).
 public struct BLEConfiguration: Sendable, Equatable {
+    /// How writes to FFE1 are protected.
+    public enum Security: String, Sendable, Equatable, CaseIterable {
+        /// Anyone may write, as the original HM-10 board.
+        case open
+        /// Writes need an encrypted link.
+        case encrypted
+        /// Writes need an authenticated (MITM-protected) link.
+        case authenticated
+    }
+
     public var enabled: Bool
     public var name: String
     public var adapter: String
+    public var security: Security = .open
+    /// Switch the adapter on when it is off.
+    public var powerOn: Bool = true
+    /// Addresses (`AA:BB:CC:DD:EE:FF`) allowed to write; empty: anyone.
+    public var allow: [String] = []
 }
 
 /// The TCP transport.

@@ -251,7 +251,7 @@ extension BoardReader {
 
     private func bluetooth(_ node: Node?) -> BLEConfiguration {
         var ble = BLEConfiguration(enabled: true, name: "BLEControl", adapter: "hci0")
-        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter"]) else { return ble }
+        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow"]) else { return ble }
         ble.enabled = bool(fields, "enabled", default: true)
         if let name = string(fields, "name") {
             // A complete local name must fit the 31-byte advertisement with
@@ -263,6 +263,24 @@ extension BoardReader {
         if let adapter = string(fields, "adapter") {
             if !adapter.hasPrefix("hci") || Int(adapter.dropFirst(3)) == nil { fail(fields.entries["adapter"], "ble.adapter", "must name an adapter such as hci0") }
             ble.adapter = adapter
+        }
+        let securities = Dictionary(uniqueKeysWithValues: BLEConfiguration.Security.allCases.map { ($0.rawValue, $0) })
+        ble.security = choice(fields, "security", securities, default: .open) ?? .open
+        ble.powerOn = bool(fields, "power_on", default: true)
+        if let allowNode = fields.entries["allow"] {
+            guard case .sequence(let items) = allowNode else {
+                fail(allowNode, "ble.allow", "must be a list of addresses such as [AA:BB:CC:DD:EE:FF]")
+                return ble
+            }
+            for item in items {
+                let text = item.scalar?.string.uppercased() ?? ""
+                let octets = text.split(separator: ":", omittingEmptySubsequences: false)
+                guard octets.count == 6, octets.allSatisfy({ $0.count == 2 && UInt8($0, radix: 16) != nil }) else {
+                    fail(item, "ble.allow", "\"\(item.scalar?.string ?? "")\" is not a Bluetooth address (AA:BB:CC:DD:EE:FF)")
+                    continue
+                }
+                ble.allow.append(text)
+            }
         }
         return ble
     }

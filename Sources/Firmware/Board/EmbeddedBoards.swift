@@ -65,10 +65,16 @@ lcd:
 led:
   emulated: true
 
+# BLE peripheral through the system's bluetoothd (BlueZ over D-Bus): service
+# FFE0, characteristic FFE1, as the original HM-10 board. When no BlueZ is on
+# the system bus the daemon says so once and keeps serving TCP.
 ble:
   enabled: true
   name: BLEControl-Sim
   adapter: hci0
+  power_on: true                # power the adapter on if it is off
+  security: open                # open | encrypted | authenticated
+  allow: []                     # e.g. [AA:BB:CC:DD:EE:FF]; empty: any central
 
 transports:
   tcp:

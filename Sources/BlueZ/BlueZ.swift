@@ -1,1 +1,0 @@
-// The Swift D-Bus layer and the BlueZ GATT peripheral (issue #4).
