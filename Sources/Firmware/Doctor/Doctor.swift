@@ -1,3 +1,4 @@
+import BlueZ
 import Foundation
 import Hardware
 import LinuxHardware
@@ -505,10 +506,7 @@ private struct Context {
             } else {
                 findings.append(DoctorFinding(.ok, "rfkill", "\(switches.map(\.name).joined(separator: ", ")) not blocked"))
             }
-            findings.append(DoctorFinding(
-                .warn, "adapter \(adapter) powered", "not checked (needs the BLE transport)",
-                fix: "`bluetoothctl show \(adapter)` says Powered: yes/no; `bluetoothctl power on` switches it on"
-            ))
+            findings.append(adapterPowered(adapter, level: level, bluetoothdRunning: !pids.isEmpty))
         } else {
             let others = adapters.filter { $0 != adapter }
             let fix: String
@@ -523,6 +521,40 @@ private struct Context {
             findings.append(DoctorFinding(level, "adapter \(adapter)", "missing (\(present))", fix: fix))
         }
         return DoctorSection(title: "Bluetooth", findings: findings)
+    }
+
+    /// Asks bluetoothd itself (org.bluez Adapter1.Powered over the system
+    /// bus), the same way the BLE transport sees the adapter.
+    private func adapterPowered(_ adapter: String, level: DoctorLevel, bluetoothdRunning: Bool) -> DoctorFinding {
+        let subject = "adapter \(adapter) powered"
+        let fix = "`bluetoothctl power on` (or board file ble.power_on: true, the default, lets blecontrold do it)"
+        // A fake system root (tests) has no bus to ask.
+        guard system.root == "/" || system.root.isEmpty else {
+            return DoctorFinding(.warn, subject, "not checked (--system-root: no system bus to ask)", fix: fix)
+        }
+        guard bluetoothdRunning else {
+            return DoctorFinding(.warn, subject, "not checked (bluetoothd is not running)", fix: fix)
+        }
+        var logger = Logger(label: "blecontrol.doctor")
+        logger.logLevel = .critical
+        do {
+            let connection = try DBusConnection.system(logger: logger)
+            defer { connection.close() }
+            let reply = try connection.callAndWait(
+                destination: "org.bluez", path: "/org/bluez/\(adapter)", interface: "org.freedesktop.DBus.Properties",
+                method: "Get", arguments: [.string("org.bluez.Adapter1"), .string("Powered")], timeout: .seconds(2)
+            )
+            switch reply.first {
+            case .variant(.bool(true))?, .bool(true)?:
+                return DoctorFinding(.ok, subject, "yes")
+            case .variant(.bool(false))?, .bool(false)?:
+                return DoctorFinding(level, subject, "no", fix: fix)
+            default:
+                return DoctorFinding(.warn, subject, "unexpected answer from bluetoothd: \(reply)", fix: fix)
+            }
+        } catch {
+            return DoctorFinding(.warn, subject, "could not ask bluetoothd: \(error)", fix: "run doctor as root or a member of group bluetooth; \(fix)")
+        }
     }
 
     /// "5.66" from `bluetoothd --version`, trying where distributions put it.
