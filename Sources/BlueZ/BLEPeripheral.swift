@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Foundation
 import Logging
 
@@ -40,10 +43,17 @@ public final class BLEPeripheral: @unchecked Sendable {
         public var firmwareRevision: String
         /// The bus address (default: the system bus, honouring DBUS_SYSTEM_BUS_ADDRESS).
         public var busAddress: String?
+        /// Offer `AcquireWrite` (the `WriteAcquired` property). Once a socket
+        /// is acquired bluetoothd sends every FFE1 write through it, write
+        /// requests included, and answers those at once (gatt-database.c,
+        /// chrc_write_cb): faster, but a write with response is then
+        /// acknowledged before it is applied. False keeps every write on
+        /// WriteValue, where a request is answered only once applied.
+        public var acquireWrite: Bool
 
         public init(name: String, adapter: String = "hci0", powerOn: Bool = true, security: Security = .open, allow: [String] = [],
                     manufacturer: String = "BLEControl", model: String = "BLEControl board", firmwareRevision: String = "0.1.0",
-                    busAddress: String? = nil) {
+                    busAddress: String? = nil, acquireWrite: Bool = true) {
             self.name = name
             self.adapter = adapter
             self.powerOn = powerOn
@@ -53,6 +63,7 @@ public final class BLEPeripheral: @unchecked Sendable {
             self.model = model
             self.firmwareRevision = firmwareRevision
             self.busAddress = busAddress
+            self.acquireWrite = acquireWrite
         }
     }
 
@@ -61,15 +72,23 @@ public final class BLEPeripheral: @unchecked Sendable {
         /// Bytes a central wrote to FFE1, in order. `central` is its BlueZ
         /// device path. With response: call `done` once the frames are
         /// applied (nil) or failed (a reason); the ATT write is answered
-        /// then. Without response `done` may be ignored.
+        /// then. Without response `done` may be ignored. Bytes from an
+        /// AcquireWrite socket always come without response (BlueZ has
+        /// answered the ATT write already).
         public var write: @Sendable (_ central: String, _ bytes: [UInt8], _ withResponse: Bool, _ done: @escaping @Sendable (String?) -> Void) -> Void
         /// The central is gone (disconnected, adapter or BlueZ gone).
         public var disconnected: @Sendable (_ central: String) -> Void
+        /// Pairing with `ble.security: authenticated`: show `passkey` (six
+        /// digits, or a legacy PIN code) to the user; nil when pairing
+        /// ended or was cancelled and the display may be restored.
+        public var passkey: @Sendable (_ central: String, _ passkey: String?) -> Void
 
         public init(write: @escaping @Sendable (String, [UInt8], Bool, @escaping @Sendable (String?) -> Void) -> Void,
-                    disconnected: @escaping @Sendable (String) -> Void) {
+                    disconnected: @escaping @Sendable (String) -> Void,
+                    passkey: @escaping @Sendable (String, String?) -> Void = { _, _ in }) {
             self.write = write
             self.disconnected = disconnected
+            self.passkey = passkey
         }
     }
 
@@ -91,6 +110,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     public static let characteristicPath = servicePath + "/char0"
     static let deviceInformationPath = applicationPath + "/service1"
     public static let advertisementPath = "/org/blecontrol/advertisement0"
+    /// The pairing agent (org.bluez.Agent1), registered with `ble.security: authenticated`.
+    public static let agentPath = "/org/blecontrol/agent"
 
     private let configuration: Configuration
     private let handlers: Handlers
@@ -104,11 +125,19 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var generation = 0
     private var applicationRegistered = false
     private var advertisementRegistered = false
+    private var agentRegistered = false
+    /// The central whose passkey is on display (Cancel clears it).
+    private var pairing: String?
     private var setupInFlight = false
     private var retryTimer: DBusThread.Token?
     private var notifying = false
     private var value: [UInt8] = []
     private var centrals: Set<String> = []
+    /// AcquireWrite sockets by central: write-without-response frames
+    /// arrive there with no D-Bus message per write.
+    private var writeSockets: [String: AcquiredSocket] = [:]
+    /// AcquireNotify sockets by the central BlueZ named when acquiring.
+    private var notifySockets: [String: AcquiredSocket] = [:]
     private var statistics = Statistics()
     private var lastLogged: String?
     private var running = false
@@ -172,6 +201,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         }
         _ = done.wait(timeout: .now() + .seconds(1))
         thread.execute { [self] in
+            closeAcquired(for: nil)
             for central in centrals.sorted() { handlers.disconnected(central) }
             centrals.removeAll()
             connection?.close()
@@ -181,17 +211,47 @@ public final class BLEPeripheral: @unchecked Sendable {
         thread.stop()
     }
 
-    /// Sends a frame to the centrals subscribed to FFE1 (a GATT notification
-    /// through PropertiesChanged of `Value`). BlueZ notifies every
-    /// subscribed central; `central` is kept for per-link transports.
+    /// Sends a frame as FFE1 notifications to `central` (nil: everyone).
+    ///
+    /// When the central has a socket from `AcquireNotify`, the frame goes
+    /// there and to no one else, so an ERROR caused by one central reaches
+    /// that central only. Otherwise it falls back to a broadcast: a
+    /// PropertiesChanged of `Value` after `StartNotify` (BlueZ then notifies
+    /// every subscribed central), or every acquired notify socket. Note that
+    /// bluetoothd keeps one notify socket per characteristic and notifies
+    /// all subscribed devices from it (gatt-database.c, sock_io_read →
+    /// send_notification_to_devices), so with bluetoothd per-central holds
+    /// only while one central is subscribed; BlueZoo acquires per link.
     public func notify(_ bytes: [UInt8], central: String?) {
         thread.execute { [self] in
             value = bytes
-            guard notifying, let connection else { return }
+            if let central, let socket = notifySockets[central] {
+                send(bytes, through: socket)
+            } else if notifying, let connection {
+                connection.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["Value"])
+            } else if !notifySockets.isEmpty {
+                for key in notifySockets.keys.sorted() { send(bytes, through: notifySockets[key]!) }
+            } else {
+                return
+            }
             statistics.notifications += 1
             publishStatistics()
-            connection.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["Value"])
         }
+    }
+
+    /// One notification per datagram, each at most ATT_MTU - 3 bytes
+    /// (Core 5.3 Vol 3 Part F 3.4.7.1).
+    private func send(_ bytes: [UInt8], through socket: AcquiredSocket) {
+        let chunk = max(socket.mtu - 3, 20)
+        var start = 0
+        repeat {
+            let end = min(start + chunk, bytes.count)
+            if !socket.send(Array(bytes[start..<end])) {
+                logger.debug("notification to \(socket.central) dropped (socket closed or full)")
+                return
+            }
+            start = end
+        } while start < bytes.count
     }
 
     // MARK: Bus
@@ -268,10 +328,13 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     /// BlueZ forgot us (restart, adapter gone or off): every central is gone too.
     private func dropRegistrations() {
+        agentRegistered = false
+        endPairing()
         applicationRegistered = false
         advertisementRegistered = false
         setupInFlight = false
         notifying = false
+        closeAcquired(for: nil)
         for central in centrals.sorted() { handlers.disconnected(central) }
         centrals.removeAll()
         publishStatistics()
@@ -356,7 +419,45 @@ public final class BLEPeripheral: @unchecked Sendable {
                 finish()
             }
         }
-        if applicationRegistered { return registerAdvertisement() }
+        let registerApplication: @Sendable () -> Void = { [weak self] in
+            guard let self, self.generation == generation else { return }
+            if self.applicationRegistered { return registerAdvertisement() }
+            self.registerApplication(connection: connection, owner: owner, generation: generation, then: registerAdvertisement)
+        }
+        guard configuration.security == .authenticated, !agentRegistered else { return registerApplication() }
+        registerAgent(connection: connection, owner: owner, generation: generation, then: registerApplication)
+    }
+
+    /// AgentManager1.RegisterAgent(DisplayOnly) + RequestDefaultAgent, so
+    /// bluetoothd pairs with passkey entry (the central types the number the
+    /// board shows), the MITM-protected method a display-only device has
+    /// (Core 5.3 Vol 3 Part H 2.3.5.1, Table 2.8). A failure is logged and
+    /// does not stop the GATT service: unauthenticated writes then fail.
+    private func registerAgent(connection: DBusConnection, owner: String, generation: Int, then next: @escaping @Sendable () -> Void) {
+        connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RegisterAgent",
+                        arguments: [.objectPath(Self.agentPath), .string("DisplayOnly")]) { [weak self] result in
+            guard let self, self.generation == generation else { return }
+            switch result {
+            case .success: break
+            case .failure(let error) where error.name == "org.bluez.Error.AlreadyExists": break
+            case .failure(let error):
+                self.logger.warning("BLE: cannot register the pairing agent: \(error); authenticated pairing will fail")
+                return next()
+            }
+            connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RequestDefaultAgent",
+                            arguments: [.objectPath(Self.agentPath)]) { [weak self] result in
+                guard let self, self.generation == generation else { return }
+                if case .failure(let error) = result {
+                    self.logger.warning("BLE: pairing agent registered but not the default: \(error)")
+                }
+                self.agentRegistered = true
+                self.logger.info("BLE: pairing agent registered (DisplayOnly)")
+                next()
+            }
+        }
+    }
+
+    private func registerApplication(connection: DBusConnection, owner: String, generation: Int, then registerAdvertisement: @escaping @Sendable () -> Void) {
         connection.call(destination: owner, path: adapterPath, interface: "org.bluez.GattManager1", method: "RegisterApplication",
                         arguments: [.objectPath(Self.applicationPath), .properties([])], timeout: .seconds(10)) { [weak self] result in
             guard let self, self.generation == generation else { return }
@@ -412,12 +513,15 @@ public final class BLEPeripheral: @unchecked Sendable {
                 setState("adapter \(configuration.adapter) is powered off: waiting")
                 if configuration.powerOn { retry(after: .seconds(1)) { [weak self] in self?.setup() } }
             }
-        } else if interface == "org.bluez.Device1", changed["Connected"]?.boolValue == false, centrals.contains(path) {
-            centralGone(path, why: "disconnected")
+        } else if interface == "org.bluez.Device1" {
+            // bluetoothd does not tell the agent that pairing succeeded: Paired does.
+            if path == pairing, changed["Paired"]?.boolValue == true || changed["Connected"]?.boolValue == false { endPairing() }
+            if changed["Connected"]?.boolValue == false, centrals.contains(path) { centralGone(path, why: "disconnected") }
         }
     }
 
     private func centralGone(_ central: String, why: String) {
+        closeAcquired(for: central)
         guard centrals.remove(central) != nil else { return }
         logger.info("central \(central) \(why)")
         handlers.disconnected(central)
@@ -444,6 +548,66 @@ public final class BLEPeripheral: @unchecked Sendable {
                               interfaces: [readOnlyCharacteristic(uuid: "0000\(uuid)-0000-1000-8000-00805f9b34fb", service: Self.deviceInformationPath, value: Array(text.utf8))])
         }
         connection.export(path: Self.advertisementPath, interfaces: [advertisement()])
+        if configuration.security == .authenticated {
+            connection.export(path: Self.agentPath, interfaces: [agent()])
+        }
+    }
+
+    /// org.bluez.Agent1 for a board that can display but not type or confirm
+    /// (doc/org.bluez.Agent.rst). Requests for input are rejected.
+    private func agent() -> DBusInterface {
+        let agent = DBusInterface("org.bluez.Agent1")
+        agent.method("Release") { [weak self] call in
+            call.reply()
+            guard let self else { return }
+            // bluetoothd unregistered us (another default agent, or shutdown): register again on the next setup.
+            self.agentRegistered = false
+            self.endPairing()
+        }
+        agent.method("DisplayPasskey", in: "ouq") { [weak self] call in
+            defer { call.reply() }
+            guard let self, let device = call.arguments[0].stringValue, case .uint32(let passkey) = call.arguments[1] else { return }
+            // Called again as the central types each digit (`entered`); show it once.
+            guard self.pairing != device else { return }
+            self.showPasskey(String(format: "%06u", passkey), for: device)
+        }
+        agent.method("DisplayPinCode", in: "os") { [weak self] call in
+            defer { call.reply() }
+            guard let self, let device = call.arguments[0].stringValue, let pin = call.arguments[1].stringValue else { return }
+            self.showPasskey(pin, for: device)
+        }
+        agent.method("RequestConfirmation", in: "ou") { [weak self] call in
+            // Numeric comparison: the board cannot press "yes", so it shows
+            // the number and accepts; the user confirms on the central only
+            // when both match.
+            guard let self, let device = call.arguments[0].stringValue, case .uint32(let passkey) = call.arguments[1] else {
+                return call.fail("org.bluez.Error.Rejected", "bad arguments")
+            }
+            self.showPasskey(String(format: "%06u", passkey), for: device)
+            call.reply()
+        }
+        agent.method("RequestPinCode", in: "o", out: "s") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a PIN") }
+        agent.method("RequestPasskey", in: "o", out: "u") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a passkey") }
+        // Just Works is not MITM-protected: refuse it when authentication is required.
+        agent.method("RequestAuthorization", in: "o") { call in call.fail("org.bluez.Error.Rejected", "ble.security is authenticated: Just Works pairing refused") }
+        agent.method("AuthorizeService", in: "os") { call in call.reply() }
+        agent.method("Cancel") { [weak self] call in
+            self?.endPairing()
+            call.reply()
+        }
+        return agent
+    }
+
+    private func showPasskey(_ passkey: String, for device: String) {
+        pairing = device
+        logger.notice("BLE: pairing with \(device): passkey \(passkey)")
+        handlers.passkey(device, passkey)
+    }
+
+    private func endPairing() {
+        guard let device = pairing else { return }
+        pairing = nil
+        handlers.passkey(device, nil)
     }
 
     private func service(uuid: String) -> DBusInterface {
@@ -458,8 +622,10 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var characteristicFlags: [String] {
         switch configuration.security {
         case .open: return ["write", "write-without-response", "notify"]
-        case .encrypted: return ["write", "write-without-response", "notify", "encrypt-write"]
-        case .authenticated: return ["write", "write-without-response", "notify", "encrypt-authenticated-write"]
+        // encrypt-notify / encrypt-authenticated-notify guard the CCC write
+        // (subscribing); BlueZ ≥ 5.62 knows them. Reads are refused anyway.
+        case .encrypted: return ["write", "write-without-response", "notify", "encrypt-write", "encrypt-notify"]
+        case .authenticated: return ["write", "write-without-response", "notify", "encrypt-authenticated-write", "encrypt-authenticated-notify"]
         }
     }
 
@@ -471,7 +637,14 @@ public final class BLEPeripheral: @unchecked Sendable {
         characteristic.property("Flags", "as", get: { .strings(flags) })
         characteristic.property("Notifying", "b", get: { [weak self] in .bool(self?.notifying ?? false) })
         characteristic.property("Value", "ay", get: { [weak self] in .bytes(self?.value ?? []) })
+        // BlueZ (and BlueZoo) try AcquireWrite only when the property exists.
+        if configuration.acquireWrite {
+            characteristic.property("WriteAcquired", "b", get: { [weak self] in .bool(!(self?.writeSockets.isEmpty ?? true)) })
+            characteristic.method("AcquireWrite", in: "a{sv}", out: "hq") { [weak self] call in self?.acquire(call, notify: false) }
+        }
+        characteristic.property("NotifyAcquired", "b", get: { [weak self] in .bool(!(self?.notifySockets.isEmpty ?? true)) })
         characteristic.method("WriteValue", in: "aya{sv}") { [weak self] call in self?.writeValue(call) }
+        characteristic.method("AcquireNotify", in: "a{sv}", out: "hq") { [weak self] call in self?.acquire(call, notify: true) }
         characteristic.method("StartNotify") { [weak self] call in
             guard let self else { return call.fail("org.bluez.Error.Failed", "shutting down") }
             if !self.notifying {
@@ -535,12 +708,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         // BlueZ 5.66 sends no `type`; without it the write may be a request,
         // and answering a command late costs nothing but a little time.
         let withResponse = options["type"]?.stringValue != "command"
-        if !configuration.allow.isEmpty, !configuration.allow.contains(Self.address(of: central)) {
-            statistics.refused += 1
-            publishStatistics()
-            logger.notice("write from \(central) refused: not in ble.allow")
-            return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list")
-        }
+        guard allowed(central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
         statistics.writes += 1
         if centrals.insert(central).inserted {
             logger.info("central \(central) writing")
@@ -555,6 +723,80 @@ public final class BLEPeripheral: @unchecked Sendable {
             handlers.write(central, bytes, false) { _ in }
             call.reply()
         }
+    }
+
+    /// Checks ble.allow, counting and logging a refusal.
+    private func allowed(_ central: String) -> Bool {
+        guard !configuration.allow.isEmpty, !configuration.allow.contains(Self.address(of: central)) else { return true }
+        statistics.refused += 1
+        publishStatistics()
+        logger.notice("write from \(central) refused: not in ble.allow")
+        return false
+    }
+
+    // MARK: Acquired sockets
+
+    /// AcquireWrite / AcquireNotify(options: device, mtu, link) → (h fd, q mtu).
+    /// A new acquisition for the same central replaces the old socket
+    /// (BlueZ acquires again after a reconnect or an MTU change).
+    private func acquire(_ call: DBusMethodCall, notify: Bool) {
+        let options = call.arguments.first?.dictionaryValue ?? [:]
+        let central = options["device"]?.stringValue ?? "unknown"
+        // 23 is the LE default ATT_MTU (Core 5.3 Vol 3 Part F 3.2.8).
+        let mtu = min(max(options["mtu"]?.integerValue ?? 23, 23), 517)
+        if !notify {
+            guard allowed(central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
+        }
+        guard let (socket, remote) = AcquiredSocket.pair(central: central, mtu: mtu) else {
+            return call.fail("org.bluez.Error.Failed", "socketpair: \(String(cString: strerror(errno)))")
+        }
+        let name = notify ? "NotifyAcquired" : "WriteAcquired"
+        let wasAcquired = notify ? !notifySockets.isEmpty : !writeSockets.isEmpty
+        let old = notify ? notifySockets.updateValue(socket, forKey: central) : writeSockets.updateValue(socket, forKey: central)
+        old?.close()
+        socket.start(name: notify ? "blecontrol-ble-ntf" : "blecontrol-ble-wr", received: { [weak self] bytes in
+            // BlueZ writes nothing into a notify socket (indications only confirm there).
+            guard let self, !notify else { return }
+            self.thread.execute { [weak self] in self?.acquiredWrite(bytes, from: socket) }
+        }, ended: { [weak self] in
+            guard let self else { return }
+            self.thread.execute { [weak self] in self?.acquiredEnded(socket, notify: notify) }
+        })
+        call.reply([.unixFD(remote), .uint16(UInt16(mtu))])
+        // libdbus duplicated the descriptor into the reply; BlueZ owns that copy.
+        close(remote)
+        logger.info("\(notify ? "AcquireNotify" : "AcquireWrite") from \(central) (MTU \(mtu))")
+        if !notify, centrals.insert(central).inserted { publishStatistics() }
+        if !wasAcquired {
+            connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: [name])
+        }
+    }
+
+    private func acquiredWrite(_ bytes: [UInt8], from socket: AcquiredSocket) {
+        statistics.writes += 1
+        publishStatistics()
+        handlers.write(socket.central, bytes, false) { _ in }
+    }
+
+    /// BlueZ closed its end (or we did): the acquisition ends, not the
+    /// session — that ends on Device1 Connected=false.
+    private func acquiredEnded(_ socket: AcquiredSocket, notify: Bool) {
+        if notify {
+            guard notifySockets[socket.central] === socket else { return }
+            notifySockets[socket.central] = nil
+            if notifySockets.isEmpty { connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["NotifyAcquired"]) }
+        } else {
+            guard writeSockets[socket.central] === socket else { return }
+            writeSockets[socket.central] = nil
+            if writeSockets.isEmpty { connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["WriteAcquired"]) }
+        }
+        logger.info("\(notify ? "acquired notify" : "acquired write") of \(socket.central) released")
+    }
+
+    /// Closes the sockets of `central` (nil: all); their readers report the end.
+    private func closeAcquired(for central: String?) {
+        for (key, socket) in writeSockets where central == nil || key == central { socket.close() }
+        for (key, socket) in notifySockets where central == nil || key == central { socket.close() }
     }
 
     /// `AA:BB:CC:DD:EE:FF` from `/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF`.

@@ -141,7 +141,7 @@ public final class BoardRuntime: @unchecked Sendable {
         dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, logger: logger)
-        ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
+        ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, lcd: lcd, logger: logger)
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         wireFailsafe()

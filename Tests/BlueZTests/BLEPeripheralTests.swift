@@ -11,6 +11,8 @@ import Testing
 final class FakeBlueZ: @unchecked Sendable {
     let connection: DBusConnection
     let registered = Collected<String>()
+    /// AgentManager1 calls, as "register <path> <capability>" / "default <path>".
+    let agents = Collected<String>()
     var powered = false
     private let poweredLock = NSLock()
 
@@ -43,7 +45,17 @@ final class FakeBlueZ: @unchecked Sendable {
         }
         advertising.method("UnregisterAdvertisement", in: "o") { call in call.reply() }
         gatt.method("UnregisterApplication", in: "o") { call in call.reply() }
+        let agentManager = DBusInterface("org.bluez.AgentManager1")
+        agentManager.method("RegisterAgent", in: "os") { [unowned self] call in
+            agents.append("register \(call.arguments[0].stringValue ?? "?") \(call.arguments[1].stringValue ?? "?")")
+            call.reply()
+        }
+        agentManager.method("RequestDefaultAgent", in: "o") { [unowned self] call in
+            agents.append("default \(call.arguments[0].stringValue ?? "?")")
+            call.reply()
+        }
         connection.exportObjectManager(at: "/")
+        connection.export(path: "/org/bluez", interfaces: [agentManager])
         connection.export(path: "/org/bluez/hci0", interfaces: [adapter, gatt, advertising])
         let box = Collected<Bool>()
         connection.requestName("org.bluez") { result in box.append((try? result.get()) ?? false) }
@@ -58,6 +70,30 @@ final class FakeBlueZ: @unchecked Sendable {
                                        method: "WriteValue", arguments: [.bytes(bytes), .properties(options)])
     }
 
+    /// AcquireWrite / AcquireNotify as bluetoothd calls them: (device, mtu, link) → (fd, mtu).
+    func acquire(_ method: String, central: String = "/org/bluez/hci0/dev_00_00_00_02_00_01", mtu: UInt16 = 185, from peripheral: String) throws -> (fd: Int32, mtu: Int) {
+        let reply = try connection.callAndWait(destination: peripheral, path: BLEPeripheral.characteristicPath, interface: "org.bluez.GattCharacteristic1", method: method,
+                                               arguments: [.properties([("device", .objectPath(central)), ("mtu", .uint16(mtu)), ("link", .string("LE"))])])
+        guard reply.count == 2, case .unixFD(let fd) = reply[0], let mtu = reply[1].integerValue else { throw DBusFailure("test.BadReply", "\(reply)") }
+        return (fd, mtu)
+    }
+
+    func characteristicProperty(_ name: String, of peripheral: String) -> Bool? {
+        (try? connection.callAndWait(destination: peripheral, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties", method: "Get",
+                                     arguments: [.string("org.bluez.GattCharacteristic1"), .string(name)]))?.first?.boolValue
+    }
+
+    /// The unique name of the only other client exporting FFE1 on the bus.
+    func peripheralName() throws -> String {
+        let names = try connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "ListNames")
+            .first?.arrayValue?.compactMap(\.stringValue).filter { $0.hasPrefix(":") && $0 != connection.uniqueName } ?? []
+        for candidate in names where (try? connection.callAndWait(destination: candidate, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties",
+                                                                  method: "Get", arguments: [.string("org.bluez.GattCharacteristic1"), .string("UUID")])) != nil {
+            return candidate
+        }
+        throw DBusFailure("test.NoPeripheral", "no FFE1 on the bus")
+    }
+
     func disconnectCentral() {
         connection.emitPropertiesChanged(path: "/org/bluez/hci0/dev_00_00_00_02_00_01", interface: "org.bluez.Device1", changed: [("Connected", .bool(false))])
     }
@@ -70,17 +106,20 @@ struct BLEPeripheralTests {
         let disconnects = Collected<String>()
         /// Pending acknowledgements of writes with response.
         let acks = Collected<@Sendable (String?) -> Void>()
+        /// Passkeys shown ("-" when the display may be restored).
+        let passkeys = Collected<String>()
     }
 
-    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = []) -> BLEPeripheral {
+    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true) -> BLEPeripheral {
         BLEPeripheral(
-            configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, allow: allow, busAddress: bus.address),
+            configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, security: security, allow: allow, busAddress: bus.address, acquireWrite: acquireWrite),
             handlers: .init(
                 write: { central, bytes, withResponse, done in
                     events.writes.append("\(central.split(separator: "/").last ?? "") \(bytes.map { String(format: "%02x", $0) }.joined()) \(withResponse ? "request" : "command")")
                     if withResponse { events.acks.append(done) }
                 },
-                disconnected: { central in events.disconnects.append(String(central.split(separator: "/").last ?? "")) }
+                disconnected: { central in events.disconnects.append(String(central.split(separator: "/").last ?? "")) },
+                passkey: { central, passkey in events.passkeys.append("\(central.split(separator: "/").last ?? "") \(passkey ?? "-")") }
             ),
             logger: logger
         )
@@ -188,5 +227,184 @@ struct BLEPeripheralTests {
         #expect(refused == 1)
         #expect(events.writes.all.isEmpty)
         #expect(ble.state.contains("1 writes refused"))
+    }
+
+    /// Reads one datagram, waiting up to a second; nil on EOF, [] on timeout.
+    static func receive(_ fd: Int32) -> [UInt8]? {
+        var pollSet = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
+        guard poll(&pollSet, 1, 1000) == 1 else { return [] }
+        var buffer = [UInt8](repeating: 0, count: 600)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        return count > 0 ? Array(buffer.prefix(count)) : nil
+    }
+
+    @Test func acquiredWriteSocketCarriesFramesAndCanBeReacquired() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events)
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        let name = try bluez.peripheralName()
+        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == false)
+
+        let first = try bluez.acquire("AcquireWrite", mtu: 185, from: name)
+        #expect(first.mtu == 185)
+        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
+        // One datagram per ATT write-without-response.
+        var frame: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
+        #expect(write(first.fd, &frame, frame.count) == frame.count)
+        var second: [UInt8] = [0x05, 0x00]
+        #expect(write(first.fd, &second, second.count) == second.count)
+        #expect(eventually { events.writes.all == ["dev_00_00_00_02_00_01 02030001f4 command", "dev_00_00_00_02_00_01 0500 command"] })
+
+        // After a reconnect or an MTU change BlueZ acquires again: the new socket replaces the old one.
+        let again = try bluez.acquire("AcquireWrite", mtu: 247, from: name)
+        #expect(again.mtu == 247)
+        #expect(Self.receive(first.fd) == nil, "the replaced socket is closed")
+        close(first.fd)
+        var third: [UInt8] = [0x06]
+        #expect(write(again.fd, &third, 1) == 1)
+        #expect(eventually { events.writes.all.last == "dev_00_00_00_02_00_01 06 command" })
+        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
+
+        // BlueZ closing its end releases the acquisition but not the session.
+        close(again.fd)
+        #expect(eventually { bluez.characteristicProperty("WriteAcquired", of: name) == false })
+        #expect(events.disconnects.all.isEmpty)
+        bluez.disconnectCentral()
+        #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
+    }
+
+    @Test func acquiredNotifySocketsCarryEachCentralsOwnNotifications() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events)
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        let name = try bluez.peripheralName()
+        let centralA = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+        let centralB = "/org/bluez/hci0/dev_00_00_00_03_00_01"
+        let a = try bluez.acquire("AcquireNotify", central: centralA, mtu: 23, from: name)
+        let b = try bluez.acquire("AcquireNotify", central: centralB, mtu: 23, from: name)
+        defer { close(b.fd) }
+        #expect(eventually { bluez.characteristicProperty("NotifyAcquired", of: name) == true })
+
+        // An ERROR caused by A goes to A only.
+        ble.notify([0xFF, 0x01, 0x09], central: centralA)
+        #expect(Self.receive(a.fd) == [0xFF, 0x01, 0x09])
+        ble.notify([0xFF, 0x02, 0x09], central: centralB)
+        #expect(Self.receive(b.fd) == [0xFF, 0x02, 0x09])
+        #expect(Self.receive(a.fd) == [], "B's error reached A")
+
+        // A frame longer than ATT_MTU - 3 is split into notifications of 20 bytes.
+        let long = (0..<30).map { UInt8($0) }
+        ble.notify(long, central: centralA)
+        #expect(Self.receive(a.fd) == Array(long.prefix(20)))
+        #expect(Self.receive(a.fd) == Array(long.suffix(10)))
+
+        // No central: everyone.
+        ble.notify([0x01], central: nil)
+        #expect(Self.receive(a.fd) == [0x01])
+        #expect(Self.receive(b.fd) == [0x01])
+        #expect(eventually { ble.currentStatistics.notifications == 4 })
+
+        // A disconnect closes that central's socket.
+        try bluez.write([0x00, 0x00], type: "command", to: name)
+        bluez.disconnectCentral()
+        #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
+        #expect(Self.receive(a.fd) == nil)
+        close(a.fd)
+        ble.notify([0x02], central: centralB)
+        #expect(Self.receive(b.fd) == [0x02])
+    }
+
+    @Test func authenticatedSecurityRegistersADisplayOnlyAgentThatShowsThePasskey() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events, security: .authenticated)
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        #expect(bluez.agents.all == ["register /org/blecontrol/agent DisplayOnly", "default /org/blecontrol/agent"])
+        let name = try bluez.peripheralName()
+        let flags = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties", method: "Get",
+                                                     arguments: [.string("org.bluez.GattCharacteristic1"), .string("Flags")]).first?.arrayValue?.compactMap(\.stringValue) ?? []
+        #expect(flags.contains("encrypt-authenticated-write") && flags.contains("encrypt-authenticated-notify"))
+
+        let device = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+        func agent(_ method: String, _ arguments: [DBusValue]) throws {
+            _ = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.agentPath, interface: "org.bluez.Agent1", method: method, arguments: arguments)
+        }
+        // Passkey entry: shown once while the central types it, gone once paired.
+        try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(0)])
+        try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(3)])
+        #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321"])
+        bluez.connection.emitPropertiesChanged(path: device, interface: "org.bluez.Device1", changed: [("Paired", .bool(true))])
+        #expect(eventually { events.passkeys.all.count == 2 })
+        #expect(events.passkeys.all.last == "dev_00_00_00_02_00_01 -")
+
+        // Numeric comparison is shown and accepted; Cancel restores the display.
+        try agent("RequestConfirmation", [.objectPath(device), .uint32(987654)])
+        try agent("Cancel", [])
+        #expect(events.passkeys.all.suffix(2) == ["dev_00_00_00_02_00_01 987654", "dev_00_00_00_02_00_01 -"])
+
+        // A display-only board types nothing, and Just Works is not MITM-safe.
+        for (method, arguments) in [("RequestPasskey", [DBusValue.objectPath(device)]), ("RequestPinCode", [.objectPath(device)]), ("RequestAuthorization", [.objectPath(device)])] {
+            do {
+                try agent(method, arguments)
+                Issue.record("\(method) was accepted")
+            } catch let failure as DBusFailure {
+                #expect(failure.name == "org.bluez.Error.Rejected")
+            }
+        }
+        try agent("Release", [])
+    }
+
+    @Test func withoutAcquireWriteEveryWriteStaysOnWriteValue() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events, acquireWrite: false)
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        let name = try bluez.peripheralName()
+        // bluetoothd looks for the property before it tries AcquireWrite.
+        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == nil)
+        #expect(throws: DBusFailure.self) { try bluez.acquire("AcquireWrite", from: name) }
+        #expect(bluez.characteristicProperty("NotifyAcquired", of: name) == false)
+    }
+
+    @Test func theAllowListRefusesAcquireWrite() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events, allow: ["AA:BB:CC:DD:EE:FF"])
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        let name = try bluez.peripheralName()
+        do {
+            _ = try bluez.acquire("AcquireWrite", from: name)
+            Issue.record("AcquireWrite from a central outside ble.allow was accepted")
+        } catch let failure as DBusFailure {
+            #expect(failure.name == "org.bluez.Error.NotAuthorized")
+        }
+        #expect(eventually { ble.state.contains("1 writes refused") })
     }
 }

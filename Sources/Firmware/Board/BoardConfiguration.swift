@@ -151,6 +151,12 @@ public struct BLEConfiguration: Sendable, Equatable {
     public var powerOn: Bool = true
     /// Addresses (`AA:BB:CC:DD:EE:FF`) allowed to write; empty: anyone.
     public var allow: [String] = []
+    /// Offer AcquireWrite on FFE1: write-without-response frames then reach
+    /// the daemon through a socket with no D-Bus round trip per write. Off by
+    /// default because bluetoothd then routes writes *with* response through
+    /// that socket too and acknowledges them at once, before they are applied,
+    /// which breaks PROTOCOL.md's acknowledgement rule.
+    public var acquireWrite: Bool = false
 }
 
 /// The TCP transport.

@@ -251,7 +251,7 @@ extension BoardReader {
 
     private func bluetooth(_ node: Node?) -> BLEConfiguration {
         var ble = BLEConfiguration(enabled: true, name: "BLEControl", adapter: "hci0")
-        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow"]) else { return ble }
+        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow", "acquire_write"]) else { return ble }
         ble.enabled = bool(fields, "enabled", default: true)
         if let name = string(fields, "name") {
             // A complete local name must fit the 31-byte advertisement with
@@ -267,6 +267,7 @@ extension BoardReader {
         let securities = Dictionary(uniqueKeysWithValues: BLEConfiguration.Security.allCases.map { ($0.rawValue, $0) })
         ble.security = choice(fields, "security", securities, default: .open) ?? .open
         ble.powerOn = bool(fields, "power_on", default: true)
+        ble.acquireWrite = bool(fields, "acquire_write", default: false)
         if let allowNode = fields.entries["allow"] {
             guard case .sequence(let items) = allowNode else {
                 fail(allowNode, "ble.allow", "must be a list of addresses such as [AA:BB:CC:DD:EE:FF]")

@@ -75,6 +75,10 @@ ble:
   power_on: true                # power the adapter on if it is off
   security: open                # open | encrypted | authenticated
   allow: []                     # e.g. [AA:BB:CC:DD:EE:FF]; empty: any central
+  # AcquireWrite: write-without-response frames skip D-Bus (faster), but
+  # bluetoothd then acknowledges writes *with* response before they are
+  # applied, against the protocol's rule. Off unless speed matters more.
+  acquire_write: false
 
 transports:
   tcp:

@@ -17,11 +17,16 @@ public final class BLETransport: @unchecked Sendable {
     private let logger: Logger
     private var peripheral: BLEPeripheral?
     private var sessions: [String: Session] = [:]
+    /// Shows the pairing passkey (`ble.security: authenticated`).
+    private let lcd: LCDService?
+    /// The bottom line the passkey covers, restored after pairing (loop-confined).
+    private var lineUnderPasskey: String?
 
-    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
+    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, lcd: LCDService? = nil, logger: Logger) {
         self.loop = loop
         self.hub = hub
         self.dispatcher = dispatcher
+        self.lcd = lcd
         self.logger = logger
     }
 
@@ -36,7 +41,8 @@ public final class BLETransport: @unchecked Sendable {
         }
         let peripheralConfiguration = BLEPeripheral.Configuration(
             name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: security,
-            allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: BLEControlVersion.string
+            allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: BLEControlVersion.string,
+            acquireWrite: configuration.acquireWrite
         )
         let handlers = BLEPeripheral.Handlers(
             write: { [weak self] central, bytes, withResponse, done in
@@ -46,6 +52,10 @@ public final class BLETransport: @unchecked Sendable {
             disconnected: { [weak self] central in
                 guard let self else { return }
                 self.loop.execute { self.closeSession(central) }
+            },
+            passkey: { [weak self] _, passkey in
+                guard let self else { return }
+                self.loop.execute { self.showPasskey(passkey) }
             }
         )
         let peripheral = BLEPeripheral(configuration: peripheralConfiguration, handlers: handlers, logger: logger)
@@ -85,6 +95,20 @@ public final class BLETransport: @unchecked Sendable {
         // reached the hardware (PROTOCOL.md "Transport"); ERROR replies went
         // out as notifications already.
         if withResponse { dispatcher.whenApplied(done) } else { done(nil) }
+    }
+
+    /// The passkey on the LCD's bottom line while a central pairs; nil puts
+    /// back what the line showed before.
+    private func showPasskey(_ passkey: String?) {
+        guard let lcd, lcd.rows > 0 else { return }
+        let row = lcd.rows - 1
+        if let passkey {
+            if lineUnderPasskey == nil { lineUnderPasskey = lcd.snapshot().lines.dropFirst(row).first ?? "" }
+            lcd.setLine(row, text: Array("PIN \(passkey)".utf8))
+        } else if let previous = lineUnderPasskey {
+            lineUnderPasskey = nil
+            lcd.setLine(row, text: Array(previous.utf8))
+        }
     }
 
     private func closeSession(_ central: String) {
