@@ -104,7 +104,7 @@ struct I2CStubTests {
     }
 }
 
-@Suite("GPIODLine on gpio-sim", .enabled(if: KernelRig.gpioSim != nil, "no gpio-sim chip given (runs in the VM rig)"))
+@Suite("GPIODLine on gpio-sim", .serialized, .enabled(if: KernelRig.gpioSim != nil, "no gpio-sim chip given (runs in the VM rig)"))
 struct GPIOSimTests {
     @Test("the line starts inactive and follows set, active-high and active-low")
     func levels() throws {

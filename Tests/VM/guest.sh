@@ -372,6 +372,15 @@ if [ "$PEERS" = 1 ]; then
     if [ $status = 0 ]; then pass c "peer comparison ran (table in peers-table.txt)"; else fail c "peer comparison" "exit $status, see peers.log: $(tail -2 "$OUT/peers.log" | tr '\n' ' ')"; fi
 fi
 
+# --- (v) BLE: hci_vhci + btvirt + the real bluetoothd + a Bumble central -------
+# (issue 4, item 9; Tests/VM/ble-guest.sh appends its own PASS/FAIL lines)
+if [ "${BLE:-0}" = 1 ]; then
+    say "BLE checks"
+    "$REPO/Tests/VM/ble-guest.sh" "$OUT" > "$OUT/ble-guest.log" 2>&1
+    status=$?
+    [ $status = 0 ] || fail ble "BLE checks ran to their end" "exit $status, see ble-guest.log: $(tail -2 "$OUT/ble-guest.log" | tr '\n' ' ')"
+fi
+
 dmesg > "$OUT/dmesg.txt" 2>&1
 touch "$OUT/guest-done"
 sync

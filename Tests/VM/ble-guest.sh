@@ -1,0 +1,134 @@
+#!/bin/bash
+# The BLE part of the VM tier, run by guest.sh in the same boot (as root, the
+# host's root filesystem read-only, only $OUT and the guest's tmpfs /run
+# writable). Real kernel Bluetooth (hci_vhci), BlueZ's btvirt for two
+# controllers on one virtual link, the system bus and the real bluetoothd
+# (5.66), blecontrold (the simulator board) on hci0 and a Bumble central on
+# hci1 (Tests/VM/ble_central.py). Appends `PASS id: what` / `FAIL id: what:
+# why` lines to $OUT/results.txt like guest.sh.
+#
+# Usage: ble-guest.sh OUT   (reads OUT/guest.env: REPO, DAEMON, CLI, BLE_VENV, BLE_BENCH)
+# Phases of the central: scenario, restart (bluetoothd), bench-writevalue,
+# acquire (daemon restarted with ble.acquire_write: true), bench-acquire.
+set -u
+OUT=$1
+# shellcheck source=/dev/null
+. "$OUT/guest.env"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+results=$OUT/results.txt
+work=/run/blecontrol-vm/ble
+mkdir -p "$work"
+SOCKET=$work/control.sock
+say() { echo "[ble $(date +%T)] $*"; }
+record() { echo "$*" >> "$results"; echo "$*"; }
+pass() { record "PASS $1: $2"; }
+fail() { record "FAIL $1: $2${3:+: $3}"; }
+
+pids=()
+cleanup() {
+    [ -f "$work/bluetoothd.pid" ] && pids+=("$(cat "$work/bluetoothd.pid")")
+    [ -f "$work/daemon.pid" ] && [ "$(cat "$work/daemon.pid")" != 0 ] && pids+=("$(cat "$work/daemon.pid")")
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    sleep 0.5
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+}
+trap cleanup EXIT
+
+# --- kernel and controllers ----------------------------------------------------
+if ! modprobe hci_vhci 2>"$work/why" || [ ! -c /dev/vhci ]; then
+    fail ble-setup "hci_vhci loaded, /dev/vhci present" "$(cat "$work/why")"; exit 1
+fi
+# btvirt before bluetoothd: started after it, hci0 fails its reset (-110).
+btvirt -L -l2 > "$OUT/btvirt.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do [ -e /sys/class/bluetooth/hci0 ] && [ -e /sys/class/bluetooth/hci1 ] && break; sleep 0.1; done
+if [ -e /sys/class/bluetooth/hci0 ] && [ -e /sys/class/bluetooth/hci1 ]; then
+    pass ble-setup "hci_vhci + btvirt -L -l2: hci0 and hci1 on one virtual link"
+else
+    fail ble-setup "hci_vhci + btvirt" "controllers: $(ls /sys/class/bluetooth 2>&1 | tr '\n' ' ') $(tail -2 "$OUT/btvirt.log")"; exit 1
+fi
+
+# --- the central takes hci1 first (user channel needs it never powered) --------
+export CLI SOCKET BLE_OUT=$OUT BLE_READY=$work/central-ready BLE_HCI=1
+export BLUETOOTHD_PIDFILE=$work/bluetoothd.pid BLUETOOTHD_LOG=$OUT/bluetoothd.log
+# The daemon again with ble.acquire_write: true (the AcquireWrite phase).
+export DAEMON DAEMON_PIDFILE=$work/daemon.pid BOARD_ACQUIRE=$work/board-acquire.yaml
+if grep -q '^  acquire_write:' "$REPO/board/simulator.yaml"; then
+    sed 's/^  acquire_write: .*/  acquire_write: true/' "$REPO/board/simulator.yaml" > "$BOARD_ACQUIRE"
+else
+    BOARD_ACQUIRE=""
+fi
+phases="scenario restart"
+[ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-writevalue"
+if [ -n "$BOARD_ACQUIRE" ]; then
+    phases="$phases acquire"
+    [ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-acquire"
+fi
+# The same workload through a bluez-peripheral server (stops the daemon).
+export BLE_PEER=${BLE_PEER:-0}
+[ "${BLE_BENCH:-1}" = 1 ] && [ "$BLE_PEER" = 1 ] && phases="$phases bench-peer"
+central_started=$(date +%s)
+# shellcheck disable=SC2086
+"$BLE_VENV/bin/python" "$REPO/Tests/VM/ble_central.py" $phases > "$work/central.out" 2> "$OUT/ble-central.log" &
+central=$!
+pids+=($central)
+for _ in $(seq 600); do
+    [ -f "$BLE_READY" ] && break
+    kill -0 "$central" 2>/dev/null || break
+    sleep 0.1
+done
+if [ ! -f "$BLE_READY" ]; then
+    fail ble-central "Bumble central holds hci1 (HCI user channel)" "$(tail -3 "$OUT/ble-central.log" | tr '\n' ' ')"; exit 1
+fi
+pass ble-central "Bumble central holds hci1 through the HCI user channel ($(( $(date +%s) - central_started )) s, most of it importing Bumble)"
+
+# --- the system bus and bluetoothd -------------------------------------------------
+mkdir -p /run/dbus
+dbus-daemon --system --fork --nopidfile > "$OUT/dbus.log" 2>&1
+for _ in $(seq 50); do [ -S /run/dbus/system_bus_socket ] && break; sleep 0.1; done
+mountpoint -q /var/lib/bluetooth || mount -t tmpfs tmpfs /var/lib/bluetooth
+/usr/libexec/bluetooth/bluetoothd -n -d > "$OUT/bluetoothd.log" 2>&1 &
+echo $! > "$BLUETOOTHD_PIDFILE"
+for _ in $(seq 100); do
+    dbus-send --system --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \
+        org.freedesktop.DBus.NameHasOwner string:org.bluez 2>/dev/null | grep -q 'boolean true' && break
+    sleep 0.1
+done
+if dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null | grep -q '/org/bluez/hci0"'; then
+    pass ble-bluez "system bus + bluetoothd $(/usr/libexec/bluetooth/bluetoothd -v) up, /org/bluez/hci0 present"
+else
+    fail ble-bluez "bluetoothd up with /org/bluez/hci0" "$(tail -3 "$OUT/bluetoothd.log" | tr '\n' ' ')"; exit 1
+fi
+
+# --- the daemon (simulator board, adapter hci0) -----------------------------------
+"$DAEMON" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-ble.log" 2>&1 &
+echo $! > "$DAEMON_PIDFILE"
+for _ in $(seq 300); do "$CLI" status --socket "$SOCKET" --json > /dev/null 2>&1 && break; sleep 0.1; done
+
+# --- the scenario (and the benchmark) ------------------------------------------
+# Bounded: the whole VM tier must stay well under its timeout.
+for _ in $(seq "${BLE_CENTRAL_TIMEOUT:-240}"); do kill -0 "$central" 2>/dev/null || break; sleep 1; done
+if kill -0 "$central" 2>/dev/null; then
+    kill -KILL "$central"
+    fail ble-central-done "Bumble central finished in time" "killed after ${BLE_CENTRAL_TIMEOUT:-240} s: $(tail -2 "$OUT/ble-central.log" | tr '\n' ' ')"
+fi
+wait "$central" 2>/dev/null
+cat "$work/central.out" >> "$OUT/ble-central.log"
+grep -E '^(PASS|FAIL) ' "$work/central.out" >> "$results"
+grep -E '^(PASS|FAIL) ' "$work/central.out"
+grep -qE '^(PASS|FAIL) ' "$work/central.out" || fail ble-central-done "central printed results" "$(tail -3 "$OUT/ble-central.log" | tr '\n' ' ')"
+"$CLI" status --socket "$SOCKET" --json > "$OUT/status-ble.json" 2>&1
+
+# The daemon may have been restarted by the central (not our child then).
+daemon=$(cat "$DAEMON_PIDFILE")
+[ "$daemon" = 0 ] && exit 0   # the peer phase stopped it (and checked v19)
+running() { [ -e "/proc/$1" ] && ! grep -q '^[0-9]* ([^)]*) [ZX]' "/proc/$1/stat" 2>/dev/null; }
+if running "$daemon"; then
+    kill -TERM "$daemon"
+    for _ in $(seq 100); do running "$daemon" || break; sleep 0.1; done
+    if running "$daemon"; then fail v19 "daemon stops on SIGTERM" "still running after 10 s"; pids+=("$daemon")
+    else pass v19 "daemon stops on SIGTERM within 10 s after the BLE scenario"; fi
+else
+    fail v19 "daemon survived the BLE scenario" "$(tail -3 "$OUT"/daemon-ble*.log | tr '\n' ' ')"
+fi
+exit 0

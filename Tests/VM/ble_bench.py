@@ -1,0 +1,299 @@
+"""The BLE benchmark of the VM tier (issue 4, item 10), run by ble_central.py
+(`bench` phase) on its Bumble central, against blecontrold behind the real
+bluetoothd, all under QEMU/TCG (so absolute numbers are those of an emulated
+CPU; compare rows, not machines).
+
+What is measured, and how:
+- frames/s without response: N SERVO_VAL frames written as write commands
+  as fast as Bumble's host sends them; the clock stops when the daemon's
+  status shows the LAST frame's value on the emulated PCA9685 (so it counts
+  delivery and application, not just queueing in the central), and the BLE
+  session's frame counter must have grown by N (nothing dropped).
+- frames/s with response: N write requests, each awaited (one ATT round trip,
+  one WriteValue D-Bus call each).
+- write -> emulated bus latency: one frame at a time, paced; the central
+  takes CLOCK_MONOTONIC before the write and polls the daemon's control
+  socket (one JSON line each way, no process start) until the channel's
+  pulse shows the new value, which the daemon reports only after the servo
+  thread wrote it to the emulated chip. So each sample is an upper bound:
+  it includes up to one status round trip (measured separately, printed).
+- the daemon's own servo histogram (status servo.latency_p50_us/p99): frame
+  received in the daemon -> bus write complete, over the whole run.
+
+Which path carried the write commands (WriteValue, or the socket from
+AcquireWrite) is read from the daemon's log and BlueZ's debug log, not
+assumed.
+"""
+import asyncio
+import json
+import os
+import sys
+import statistics
+import time
+
+N_BURST = int(os.environ.get("BLE_BENCH_FRAMES", "300"))
+N_REQUEST = int(os.environ.get("BLE_BENCH_REQUESTS", "60"))
+N_LATENCY = int(os.environ.get("BLE_BENCH_SAMPLES", "40"))
+BENCH_CHANNEL = 2  # a servo channel of the simulator board (hold on failsafe)
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))
+    return ordered[index]
+
+
+def servo_frame(channel, value):
+    return bytes([0x02, 0x03, channel, value >> 8, value & 0xFF])
+
+
+def pulse_for(value):
+    return 1000 + value  # the simulator's channels: min 1000 us, 1 us per unit
+
+
+async def wait_pulse(control, value, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    target = pulse_for(value)
+    while time.monotonic() < deadline:
+        ch = [c for c in control.status()["channels"] if c["channel"] == BENCH_CHANNEL]
+        if ch and abs(ch[0].get("pulse_us", 0) - target) < 3:
+            return time.monotonic()
+        # Yield: Bumble sends queued write commands from the event loop.
+        await asyncio.sleep(0)
+    return None
+
+
+def session_frames(control):
+    sessions = [s for s in control.status()["sessions"] if s.get("transport") == "ble"]
+    return sessions[0]["frames"] if sessions else None
+
+
+def acquired(out):
+    """Whether the daemon of this phase logged an AcquireWrite from bluetoothd."""
+    try:
+        return "AcquireWrite from" in open(os.path.join(out, "daemon-ble-acquire.log"), errors="replace").read()
+    except OSError:
+        return False
+
+
+async def measure(central, char, control, label_wo, label_w):
+    rows = []
+    # Throughput without response.
+    base = session_frames(control) or 0
+    values = [(i * 7) % 900 for i in range(N_BURST - 1)] + [999]
+    start = time.monotonic()
+    for value in values:
+        await char.write_value(servo_frame(BENCH_CHANNEL, value), with_response=False)
+    sent = time.monotonic()
+    seen = await wait_pulse(control, 999)
+    delivered = (session_frames(control) or 0) - base
+    if seen is not None:
+        rows.append((label_wo, "frames/s (write → applied)", "%.0f" % (N_BURST / (seen - start)),
+                     "%d frames, %d delivered; central queued them in %.2f s" % (N_BURST, delivered, sent - start)))
+    else:
+        rows.append((label_wo, "frames/s", "FAILED", "last value never applied; %d of %d delivered" % (delivered, N_BURST)))
+    # Throughput with response.
+    start = time.monotonic()
+    for i in range(N_REQUEST):
+        await char.write_value(servo_frame(BENCH_CHANNEL, (i * 11) % 900), with_response=True)
+    rows.append((label_w, "frames/s (acknowledged)", "%.0f" % (N_REQUEST / (time.monotonic() - start)), "%d requests" % N_REQUEST))
+    # Latency, paced, each path.
+    for label, with_response in ((label_wo, False), (label_w, True)):
+        samples = []
+        for i in range(N_LATENCY):
+            value = 100 + (i % 2) * 500 + i
+            t0 = time.monotonic()
+            await char.write_value(servo_frame(BENCH_CHANNEL, value), with_response=with_response)
+            seen = await wait_pulse(control, value, 5)
+            if seen is not None:
+                samples.append((seen - t0) * 1000)
+        if samples:
+            rows.append((label, "write → emulated bus p50 / p99 ms",
+                         "%.1f / %.1f" % (percentile(samples, 0.5), percentile(samples, 0.99)),
+                         "%d of %d samples" % (len(samples), N_LATENCY)))
+        else:
+            rows.append((label, "write → emulated bus", "FAILED", "no sample applied"))
+    return rows
+
+
+async def run(device, central, phase="bench-writevalue", control_path=None, name=None):
+    out = os.environ.get("BLE_OUT", ".")
+    acquire = phase == "bench-acquire"
+    is_peer = phase == "bench-peer"
+    result = await central.connect(device, name=name) if name else await central.connect(device)
+    if result is None:
+        central.record(False, "bench", "benchmark connection", "board not found or FFE1 missing")
+        return
+    connection, peer, char, notifications, entry = result
+    control = central.ControlSocket(control_path) if control_path else central.ControlSocket()
+    rows = []
+    try:
+        await char.write_value(bytes([0x01, 0x02, BENCH_CHANNEL, 0x01]), with_response=True)
+        if is_peer:
+            label_wo = "bluez-peripheral (Python), write cmd, WriteValue"
+            label_w = "bluez-peripheral (Python), write req, WriteValue"
+        elif acquire:
+            label_wo = "write cmd, AcquireWrite socket"
+            # Once acquired, bluetoothd answers requests itself and sends them through the socket too.
+            label_w = "write req, AcquireWrite socket (acked by BlueZ)"
+        else:
+            label_wo = "write cmd, WriteValue"
+            label_w = "write req, WriteValue (acked when applied)"
+        trips = []
+        for _ in range(30):
+            t0 = time.monotonic()
+            control.status()
+            trips.append((time.monotonic() - t0) * 1000)
+        rows += await measure(central, char, control, label_wo, label_w)
+        if acquire and not acquired(out):
+            rows = [(r[0].replace("AcquireWrite socket", "NOT acquired"),) + tuple(r[1:]) for r in rows]
+        servo = control.status().get("servo", {})
+        if not is_peer:
+          rows.append(("servo thread (%s daemon)" % ("AcquireWrite" if acquire else "WriteValue"), "receive → bus p50 / p99 µs",
+                     "%s / %s" % (servo.get("latency_p50_us"), servo.get("latency_p99_us")),
+                     "daemon's own histogram since its start"))
+        rows.append(("(status poll, %s run)" % ("peer" if is_peer else "AcquireWrite" if acquire else "WriteValue"), "control-socket round trip p50 ms",
+                     "%.1f" % statistics.median(trips), "included in each latency sample"))
+    finally:
+        control.close()
+        await central.disconnect(device, connection)
+    store = os.path.join(out, "ble-bench.json")
+    try:
+        previous = json.load(open(store))
+    except (OSError, ValueError):
+        previous = []
+    everything = previous + [dict(zip(("path", "metric", "value", "notes"), r)) for r in rows]
+    with open(store, "w") as f:
+        json.dump(everything, f, indent=1)
+    table_rows = [tuple(d[k] for k in ("path", "metric", "value", "notes")) for d in everything]
+    if acquire and os.environ.get("BLE_PEER", "0") != "1":
+        table_rows.append(("bluez-peripheral (Python)", "-", "-", "not measured (BLECONTROL_VM_BLE_PEER=0)"))
+    header = ("path", "metric", "value", "notes")
+    widths = [max(len(str(r[i])) for r in table_rows + [header]) for i in range(4)]
+    lines = ["BLE benchmark: blecontrold behind bluetoothd 5.66, Bumble central, btvirt link, QEMU/TCG (%d frames burst, %d requests, %d latency samples)"
+             % (N_BURST, N_REQUEST, N_LATENCY)]
+    for r in [header] + table_rows:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    table = "\n".join(lines)
+    print(table, file=sys.stderr, flush=True)
+    with open(os.path.join(out, "ble-bench.txt"), "w") as f:
+        f.write(table + "\n")
+    failed = [r for r in rows if r[2] == "FAILED"]
+    kind = "peer" if is_peer else "acquire" if acquire else "writevalue"
+    central.record(not failed, "bench-" + kind, "BLE benchmark through %s ran (table in ble-bench.txt)"
+                   % {"peer": "a bluez-peripheral server", "acquire": "AcquireWrite", "writevalue": "WriteValue"}[kind], failed)
+
+
+# --- The peer: the same workload through a bluez-peripheral GATT server -------
+# `python ble_bench.py peer-server SOCKET NAME` serves FFE0/FFE1 through
+# bluez-peripheral (dbus-next) on the first adapter and does the daemon's
+# decode work in Python: reassemble BLEControl frames, turn SERVO_VAL into
+# PCA9685 counts and write them into an emulated register file. It answers
+# the daemon's control-socket status request (channels, sessions), so the
+# central measures both with the same code and the same status-poll cost.
+
+def _peer_server(path, name):
+    import asyncio as aio
+    from bluez_peripheral.advert import Advertisement
+    from bluez_peripheral.gatt.characteristic import CharacteristicFlags as Flags
+    from bluez_peripheral.gatt.characteristic import characteristic
+    from bluez_peripheral.gatt.service import Service
+    from bluez_peripheral.util import Adapter, get_message_bus
+
+    registers = bytearray(256)  # the emulated PCA9685
+    state = {"frames": 0, "pulse": {}, "enabled": set(), "buffer": b"", "advertising": False}
+
+    def apply(cmd, payload):
+        state["frames"] += 1
+        if cmd == 0x01 and len(payload) == 2:
+            (state["enabled"].add if payload[1] else state["enabled"].discard)(payload[0])
+        elif cmd == 0x02 and len(payload) == 3 and payload[0] in state["enabled"]:
+            channel, value = payload[0], min(1000, payload[1] << 8 | payload[2])
+            pulse = 1000 + value
+            counts = round(pulse * 4096 * 50 / 1e6)  # 12-bit, 50 Hz frame (PCA9685 datasheet 7.3.3)
+            base = 0x06 + 4 * channel
+            registers[base:base + 4] = bytes([0, 0, counts & 0xFF, counts >> 8])
+            state["pulse"][channel] = round(counts * 1e6 / (4096 * 50), 1)
+
+    def decode(data):
+        buffer = state["buffer"] + bytes(data)
+        while len(buffer) >= 2 and len(buffer) >= 2 + buffer[1]:
+            apply(buffer[0], buffer[2:2 + buffer[1]])
+            buffer = buffer[2 + buffer[1]:]
+        state["buffer"] = buffer
+
+    class BLEControl(Service):
+        def __init__(self):
+            super().__init__("FFE0", True)
+
+        @characteristic("FFE1", Flags.WRITE | Flags.WRITE_WITHOUT_RESPONSE | Flags.NOTIFY)
+        def ffe1(self, options):
+            return bytes()
+
+        @ffe1.setter
+        def ffe1(self, value, options):
+            decode(value)
+
+    async def control(reader, writer):
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            status = {"channels": [{"channel": c, "pulse_us": p} for c, p in state["pulse"].items()],
+                      "sessions": [{"transport": "ble", "frames": state["frames"]}],
+                      "transports": {"ble": "advertising" if state["advertising"] else "starting"}, "servo": {}}
+            writer.write((json.dumps({"ok": True, "status": status}) + "\n").encode())
+            await writer.drain()
+
+    async def main():
+        bus = await get_message_bus()
+        adapter = await Adapter.get_first(bus)
+        service = BLEControl()
+        await service.register(bus, adapter=adapter)
+        advert = Advertisement(name, ["FFE0"], 0, 0)
+        await advert.register(bus, adapter)
+        state["advertising"] = True
+        server = await aio.start_unix_server(control, path)
+        async with server:
+            await bus.wait_for_disconnect()
+
+    aio.run(main())
+
+
+async def run_peer(device, central):
+    """Stops blecontrold, starts the bluez-peripheral server, measures."""
+    import subprocess
+    out = os.environ.get("BLE_OUT", ".")
+    pidfile = os.environ["DAEMON_PIDFILE"]
+    pid = int(open(pidfile).read().strip())
+    os.kill(pid, 15)
+    stopped = await central.wait_for(lambda: not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX", 15)
+    central.record(bool(stopped), "v19", "daemon stops on SIGTERM within 15 s (before the peer's turn)")
+    with open(pidfile, "w") as f:
+        f.write("0")  # nothing left for ble-guest.sh to stop
+    path = "/run/blecontrol-vm/ble/peer.sock"
+    log = open(os.path.join(out, "ble-peer.log"), "w")
+    name = "BLEControl-Peer"
+    peer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "peer-server", path, name], stdout=log, stderr=log)
+    try:
+        def up():
+            control = central.ControlSocket(path)
+            try:
+                return "advertising" in control.status()["transports"]["ble"]
+            finally:
+                control.close()
+        if not central.record(await central.wait_for(up, 30, 0.3), "bench-peer-up", "bluez-peripheral GATT server registered and advertising"):
+            return
+        await run(device, central, "bench-peer", control_path=path, name=name)
+    finally:
+        peer.terminate()
+        try:
+            peer.wait(5)
+        except Exception:
+            peer.kill()
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "peer-server":
+    _peer_server(sys.argv[2], sys.argv[3])

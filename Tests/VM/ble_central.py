@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""The VM tier's BLE central: a Bumble host on hci1 (HCI user channel) drives
+blecontrold's GATT application, registered through the real bluetoothd on
+hci0 (both controllers come from `btvirt`, on one virtual link).
+
+The scenario is the D-Bus tier's (Tests/BLE/central.py) on real BlueZ: scan
+by name, connect, discover FFE0/FFE1, subscribe, the original iOS library's
+frames with and without response (checked through `blecontrol status
+--json`), an unknown command -> notification FF 01 09, disconnect -> session
+ended + failsafe, then bluetoothd killed and restarted -> the daemon
+registers again within 2 s and a new connection works. With --bench the
+benchmark (Tests/VM/ble_bench.py) follows on the same controller, so Bumble
+is imported once (~17 s under TCG).
+
+Bumble is imported before bluetoothd starts: the HCI user channel can only
+be bound while the kernel has not powered the controller up, and bluetoothd
+powers every adapter it sees. The script writes $BLE_READY once it holds hci1.
+
+One `PASS id: what` / `FAIL id: what: why` line per check on stdout.
+Environment: CLI (blecontrol), SOCKET (its control socket), BLE_NAME,
+BLE_HCI (default 1), BLE_READY (file to create once hci1 is held),
+BLUETOOTHD_PIDFILE + BLUETOOTHD_LOG (for the restart), BLE_OUT (logs).
+"""
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+started = time.monotonic()
+from bumble.core import UUID  # noqa: E402
+from bumble.device import Device, Peer  # noqa: E402
+from bumble.hci import Address  # noqa: E402
+from bumble.transport import open_transport  # noqa: E402
+
+IMPORT_SECONDS = time.monotonic() - started
+NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
+HCI = os.environ.get("BLE_HCI", "1")
+CLI = os.environ.get("CLI", "blecontrol")
+SOCKET = os.environ.get("SOCKET", "/run/blecontrol-vm/ble.sock")
+FFE0 = UUID.from_16_bits(0xFFE0)
+FFE1 = UUID.from_16_bits(0xFFE1)
+failures = 0
+
+
+def record(ok, ident, what, why=""):
+    global failures
+    if ok:
+        print("PASS %s: %s" % (ident, what), flush=True)
+    else:
+        failures += 1
+        print("FAIL %s: %s%s" % (ident, what, (": " + str(why)[:300]) if why != "" else ""), flush=True)
+    return ok
+
+
+def say(text):
+    print("[central %.1fs] %s" % (time.monotonic() - started, text), file=sys.stderr, flush=True)
+
+
+def status_cli():
+    """The status as the CLI prints it (what an operator sees)."""
+    out = subprocess.run([CLI, "status", "--socket", SOCKET, "--json"], capture_output=True, text=True, timeout=20)
+    if out.returncode != 0:
+        raise RuntimeError("blecontrol status failed: " + out.stderr.strip())
+    return json.loads(out.stdout)
+
+
+class ControlSocket:
+    """The daemon's control socket spoken directly (one JSON line each way):
+    a status poll without starting a process, for the benchmark's latency."""
+
+    def __init__(self, path=None):
+        path = path or SOCKET
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.buffer = b""
+
+    def status(self):
+        self.sock.sendall(b'{"op":"status"}\n')
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("control socket closed")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error"))
+        return reply["status"]
+
+    def close(self):
+        self.sock.close()
+
+
+def channel(report, number):
+    for entry in report.get("channels", []):
+        if entry.get("channel") == number:
+            return entry
+    return {}
+
+
+def ble_sessions(report):
+    return [s for s in report.get("sessions", []) if s.get("transport") == "ble"]
+
+
+def ble_state(report):
+    return report.get("transports", {}).get("ble", "")
+
+
+async def wait_for(predicate, timeout=5.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception:
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(interval)
+
+
+def ad_fields(advertisement):
+    """(local name, 16-bit service UUIDs) from the raw AD structures, so the
+    check does not depend on how this Bumble version types them."""
+    name, uuids = None, set()
+    data = advertisement.data
+    for ad_type, value in getattr(data, "ad_structures", []):
+        value = bytes(value)
+        if ad_type in (0x08, 0x09):
+            name = value.decode("utf-8", "replace")
+        elif ad_type in (0x02, 0x03):
+            for i in range(0, len(value) - 1, 2):
+                uuids.add(value[i] | value[i + 1] << 8)
+    return name, uuids
+
+
+async def scan(device, timeout=30.0, name=None):
+    """The board's address, name and services, by local name (BlueZ may put
+    the name in the scan response and FFE0 in the advertisement: both kept)."""
+    seen = {}
+    found = asyncio.get_running_loop().create_future()
+
+    def on_advertisement(advertisement):
+        name, uuids = ad_fields(advertisement)
+        key = str(advertisement.address)
+        entry = seen.setdefault(key, {"address": advertisement.address, "name": None, "uuids": set()})
+        if name:
+            entry["name"] = name
+        entry["uuids"] |= uuids
+        if entry["name"] == (name or NAME) and not found.done():
+            found.set_result(entry)
+
+    device.on("advertisement", on_advertisement)
+    await device.start_scanning(legacy=True, active=True, filter_duplicates=False)
+    try:
+        return await asyncio.wait_for(found, timeout)
+    except asyncio.TimeoutError:
+        return None
+    finally:
+        device.remove_listener("advertisement", on_advertisement)
+        await device.stop_scanning()
+
+
+async def connect(device, timeout=30.0, attempts=3, name=None):
+    """Scan, connect, discover FFE0/FFE1 by their 16-bit forms, subscribe.
+    Returns (connection, peer, characteristic, notifications, advertisement
+    entry), the characteristic None when FFE0/FFE1 never showed up.
+
+    Retried: right after a bluetoothd restart the controller may still carry
+    the old advertisement, so a central can connect before the GATT
+    application is in BlueZ's database and discover only GAP/GATT."""
+    for attempt in range(attempts):
+        entry = await scan(device, timeout, name)
+        if entry is None:
+            return None
+        connection = await device.connect(entry["address"], timeout=20)
+        try:
+            peer = Peer(connection)
+            await peer.discover_services()
+            services = peer.get_services_by_uuid(FFE0)
+            chars = []
+            if services:
+                await services[0].discover_characteristics()
+                chars = services[0].get_characteristics_by_uuid(FFE1)
+            if chars:
+                notifications = []
+                await chars[0].subscribe(lambda value: notifications.append(bytes(value)))
+                return connection, peer, chars[0], notifications, entry
+            say("attempt %d: FFE0/FFE1 not in the discovered database" % (attempt + 1))
+        except Exception as error:
+            say("attempt %d: %r" % (attempt + 1, error))
+        await disconnect(device, connection)
+        await asyncio.sleep(1.0)
+    return None
+
+
+async def disconnect(device, connection):
+    if connection is None:
+        return
+    try:
+        await connection.disconnect()
+    except Exception as error:
+        say("disconnect: %r" % error)
+
+
+async def scenario(device):
+    report = await wait_for(lambda: (lambda r: r if "advertising" in ble_state(r) else None)(status_cli()), 30, 0.5)
+    if not record(report is not None, "v1", "daemon registered its GATT application and advertisement on hci0 (real bluetoothd)",
+                  ble_state(status_cli())):
+        return
+    t0 = time.monotonic()
+    result = await connect(device)
+    if not record(result is not None, "v2", "Bumble central on hci%s finds the board by its name '%s', connects, "
+                  "finds FFE1 inside FFE0 and subscribes (%.1f s)" % (HCI, NAME, time.monotonic() - t0)):
+        return
+    connection, peer, char, notifications, entry = result
+    record(0xFFE0 in entry["uuids"], "v3", "advertisement lists service FFE0", sorted(entry["uuids"]))
+    props = int(char.properties)
+    # Write 0x08, Write Without Response 0x04, Notify 0x10 (Core 5.3 Vol 3 Part G 3.3.1.1).
+    record(props & 0x1C == 0x1C, "v5", "FFE1 properties: write, write-without-response, notify", hex(props))
+
+    # The original library: ANALOG_OUT_EN with response, SERVO_VAL without,
+    # LCD_TEXT with response.
+    await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
+    await char.write_value(bytes([0x02, 0x03, 0x00, 0x01, 0xF4]), with_response=False)  # ch0 500 -> 1500 us
+    await char.write_value(bytes([0x04, 0x07, 0x00]) + b"Hello" + bytes([0x00]), with_response=True)
+    report = status_cli()
+    record(report["lcd"]["lines"][0].startswith("Hello"), "v6",
+           "LCD_TEXT 04 07 00 'Hello' 00 with response: applied before the write was acknowledged", report["lcd"]["lines"])
+    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1500) < 5)
+    record(ok, "v7", "enable 01 02 00 01 (with response) + SERVO_VAL 02 03 00 01 F4 (without) -> ch0 1500 us",
+           channel(status_cli(), 0))
+    await char.write_value(bytes([0x09, 0x00]), with_response=True)
+    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+    record(ok, "v9", "unknown command 09 00 -> notification FF 01 09", [n.hex() for n in notifications])
+
+    report = status_cli()
+    sessions = ble_sessions(report)
+    record(len(sessions) == 1 and sessions[0].get("frames", 0) >= 3, "v10", "one BLE session with its frames counted", sessions)
+    record(report["servo"].get("failsafe") is None, "v11", "no failsafe while connected", report["servo"].get("failsafe"))
+    with open(os.path.join(os.environ.get("BLE_OUT", "."), "status-ble-connected.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+    await disconnect(device, connection)
+    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    record(ok, "v12", "disconnect -> BLE session ended", ble_sessions(status_cli()))
+    failsafe = status_cli()["servo"].get("failsafe")
+    record(failsafe is not None, "v13", "disconnect -> servo failsafe engaged (%s)" % failsafe, failsafe)
+
+    # Advertising resumes and a second connection works (real BlueZ, unlike
+    # BlueZoo, supports reconnecting to the same device).
+    result = await connect(device)
+    ok = result is not None
+    if ok:
+        await result[2].write_value(bytes([0x01, 0x02, 0x01, 0x01, 0x02, 0x03, 0x01, 0x03, 0xE8]), with_response=True)
+        ok = await wait_for(lambda: abs(channel(status_cli(), 1).get("pulse_us", 0) - 2000) < 5)
+        await disconnect(device, result[0])
+    record(ok, "v14", "advertising resumed: reconnected, two frames in one write -> ch1 2000 us",
+           channel(status_cli(), 1) if result else "not found, or FFE1 missing")
+    await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+
+
+def bluez_on_bus():
+    out = subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
+                          "org.freedesktop.DBus.NameHasOwner", "string:org.bluez"], capture_output=True, text=True, timeout=5)
+    return "boolean true" in out.stdout
+
+
+async def restart_bluetoothd(device):
+    pidfile = os.environ["BLUETOOTHD_PIDFILE"]
+    with open(pidfile) as f:
+        pid = int(f.read().strip())
+    os.kill(pid, 9)
+    ok = await wait_for(lambda: "advertising" not in ble_state(status_cli()), 10, 0.2)
+    record(ok, "v15", "bluetoothd killed (SIGKILL): the daemon notices", ble_state(status_cli()))
+    log = open(os.environ["BLUETOOTHD_LOG"], "a")
+    process = subprocess.Popen(["/usr/libexec/bluetooth/bluetoothd", "-n", "-d"], stdout=log, stderr=log)
+    with open(pidfile, "w") as f:
+        f.write(str(process.pid))
+    spawned = time.monotonic()
+    named = await wait_for(bluez_on_bus, 20, 0.05)
+    named_at = time.monotonic()
+    if not record(named, "v16", "bluetoothd restarted and owns org.bluez (%.1f s after start)" % (named_at - spawned)):
+        return
+    control = ControlSocket()
+    try:
+        ok = await wait_for(lambda: "advertising" in ble_state(control.status()), 10, 0.02)
+        took = time.monotonic() - named_at
+        record(ok and took <= 2.0, "v17", "daemon registered again %.2f s after bluetoothd took org.bluez (limit 2 s)" % took,
+               ble_state(control.status()))
+    finally:
+        control.close()
+    result = await connect(device)
+    ok = result is not None
+    if ok:
+        connection, peer, char, notifications, entry = result
+        await char.write_value(bytes([0x01, 0x02, 0x03, 0x01]), with_response=True)
+        await char.write_value(bytes([0x02, 0x03, 0x03, 0x00, 0x00]), with_response=False)
+        ok = await wait_for(lambda: abs(channel(status_cli(), 3).get("pulse_us", 0) - 1000) < 5)
+        await char.write_value(bytes([0x09, 0x00]), with_response=True)
+        ok2 = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+        ok = ok and ok2
+        await disconnect(device, connection)
+    record(ok, "v18", "after the bluetoothd restart: new connection, write applied (ch3 1000 us), FF 01 09 notified",
+           channel(status_cli(), 3) if result else "not found, or FFE1 missing")
+
+
+def daemon_log(name):
+    return os.path.join(os.environ.get("BLE_OUT", "."), name)
+
+
+async def restart_daemon(board, log_name):
+    """Stops the daemon (SIGTERM) and starts it again with BOARD; waits until
+    it advertises. The pid goes to $DAEMON_PIDFILE for ble-guest.sh."""
+    pidfile = os.environ["DAEMON_PIDFILE"]
+    pid = int(open(pidfile).read().strip())
+    os.kill(pid, 15)
+
+    def gone():
+        try:
+            return open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX"
+        except OSError:
+            return True
+    await wait_for(gone, 15, 0.1)
+    log = open(daemon_log(log_name), "w")
+    args = [os.environ["DAEMON"], "--control-socket", SOCKET, "--tcp", "127.0.0.1:0"] + (["--board", board] if board else [])
+    process = subprocess.Popen(args, stdout=log, stderr=log)
+    with open(pidfile, "w") as f:
+        f.write(str(process.pid))
+    return await wait_for(lambda: "advertising" in ble_state(status_cli()), 30, 0.3)
+
+
+async def acquire(device):
+    """The daemon with ble.acquire_write: true (the WriteAcquired property):
+    bluetoothd acquires the write socket on the first write command and
+    sends every later write to FFE1 through it."""
+    board = os.environ.get("BOARD_ACQUIRE")
+    ok = await restart_daemon(board, "daemon-ble-acquire.log")
+    if not record(ok, "v20", "daemon restarted with ble.acquire_write: true, advertising", ble_state(status_cli())):
+        return
+    result = await connect(device)
+    if not record(result is not None, "v21", "connected to the AcquireWrite daemon, FFE1 subscribed"):
+        return
+    connection, peer, char, notifications, entry = result
+    await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
+    await char.write_value(bytes([0x02, 0x03, 0x00, 0x00, 0xC8]), with_response=False)  # ch0 200 -> 1200 us
+    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1200) < 5)
+    text = open(daemon_log("daemon-ble-acquire.log"), errors="replace").read()
+    record(ok and "AcquireWrite from" in text, "v22",
+           "write command -> bluetoothd called AcquireWrite (daemon log) and the frame came through the socket -> ch0 1200 us",
+           (channel(status_cli(), 0), [l for l in text.splitlines() if "Acquire" in l][:2]))
+    # A frame split over two write commands, through the socket.
+    await char.write_value(bytes([0x02, 0x03, 0x00]), with_response=False)
+    await char.write_value(bytes([0x03, 0xE8]), with_response=False)
+    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 2000) < 5)
+    record(ok, "v23", "SERVO_VAL split over two write commands reassembled -> ch0 2000 us", channel(status_cli(), 0))
+    await char.write_value(bytes([0x09, 0x00]), with_response=False)
+    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+    record(ok, "v24", "unknown command 09 00 through the acquired socket -> notification FF 01 09", [n.hex() for n in notifications])
+    await disconnect(device, connection)
+    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    record(ok, "v25", "disconnect (acquired socket closed) -> session ended", ble_sessions(status_cli()))
+
+
+async def main():
+    say("bumble imported in %.1f s" % IMPORT_SECONDS)
+    async with await open_transport("hci-socket:" + HCI) as (source, sink):
+        device = Device.with_hci("blecontrol-vm-central", Address("F0:F1:F2:F3:F4:F5"), source, sink)
+        await device.power_on()
+        ready = os.environ.get("BLE_READY")
+        if ready:
+            open(ready, "w").close()
+        say("hci%s held; waiting for the daemon" % HCI)
+        phases = sys.argv[1:] or ["scenario", "restart"]
+        for phase in phases:
+            say("phase " + phase)
+            try:
+                if phase == "scenario":
+                    await scenario(device)
+                elif phase == "restart":
+                    await restart_bluetoothd(device)
+                elif phase == "acquire":
+                    await acquire(device)
+                elif phase == "bench-peer":
+                    import ble_bench
+                    await ble_bench.run_peer(device, sys.modules[__name__])
+                elif phase.startswith("bench"):
+                    import ble_bench
+                    await ble_bench.run(device, sys.modules[__name__], phase)
+            except Exception as error:
+                import traceback
+                traceback.print_exc()
+                record(False, "v-" + phase, "central phase '%s' ran to its end" % phase, repr(error))
+    return failures
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(1 if asyncio.run(main()) else 0)
