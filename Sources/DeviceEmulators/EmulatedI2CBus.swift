@@ -120,7 +120,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
         if let until = lock.withLock({ stallDeadline(at: address) }) {
             // Outside the lock: the test (or status) must still see the bus.
             let now = ContinuousClock.now
-            if until > now { Thread.sleep(forTimeInterval: Self.seconds(now.duration(to: until))) }
+            if until > now { Thread.sleep(forTimeInterval: now.duration(to: until).inSeconds) }
             throw I2CError(.timeout, address: address, context: "bus stalled")
         }
         return try lock.withLock {
@@ -156,7 +156,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
             device.stop()
             record(address, messages, nil)
             if byteTime > .zero {
-                Thread.sleep(forTimeInterval: Self.seconds(byteTime * byteCount))
+                Thread.sleep(forTimeInterval: (byteTime * byteCount).inSeconds)
             }
             return replies
         }
@@ -200,10 +200,5 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
             case .read(let count): return "read \(count) bytes"
             }
         }.joined(separator: ", ")
-    }
-
-    private static func seconds(_ duration: Duration) -> Double {
-        let parts = duration.components
-        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
     }
 }

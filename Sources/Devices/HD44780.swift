@@ -98,7 +98,7 @@ public final class HD44780: @unchecked Sendable {
         geometry: LCDGeometry,
         charactersPerTransaction: Int = 8,
         logger: Logger,
-        sleep: @escaping @Sendable (Duration) -> Void = HD44780.threadSleep
+        sleep: @escaping @Sendable (Duration) -> Void = threadSleep
     ) {
         self.bus = bus
         self.backpack = backpack
@@ -120,11 +120,6 @@ public final class HD44780: @unchecked Sendable {
         writeOrder = addresses.indices.sorted { addresses[$0] < addresses[$1] }
     }
 
-    /// Sleeps the calling thread.
-    public static func threadSleep(_ duration: Duration) {
-        let parts = duration.components
-        Thread.sleep(forTimeInterval: Double(parts.seconds) + Double(parts.attoseconds) / 1e18)
-    }
 
     // MARK: Setup
 

@@ -107,10 +107,7 @@ public final class PCA9685: @unchecked Sendable {
         bus: any I2CBus,
         configuration: Configuration,
         logger: Logger,
-        sleep: @escaping @Sendable (Duration) -> Void = { duration in
-            let (seconds, attoseconds) = duration.components
-            Thread.sleep(forTimeInterval: Double(seconds) + Double(attoseconds) / 1e18)
-        }
+        sleep: @escaping @Sendable (Duration) -> Void = threadSleep
     ) {
         self.bus = bus
         self.configuration = configuration

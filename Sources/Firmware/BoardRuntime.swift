@@ -86,7 +86,7 @@ public final class BoardRuntime: @unchecked Sendable {
                 ),
                 logger: logger
             )
-            servoFrequency = Hertz(servoConfiguration.oscillator.value / (4096 * (Double(PCA9685.prescale(for: servoConfiguration.frequency, oscillator: servoConfiguration.oscillator)) + 1)))
+            servoFrequency = driver.actualFrequency
             var timing = ServoPath.Timing()
             timing.period = .microseconds(Int64(1_000_000 / servoFrequency.value))
             timing.faultFailsafeAfter = configuration.faultTimeout
@@ -250,12 +250,12 @@ public final class BoardRuntime: @unchecked Sendable {
         let now = ContinuousClock.now
         if let servo {
             if let busy = servo.busyFor(at: now), busy >= configuration.stallTimeout {
-                servo.engageFailsafe(reason: "servo thread stalled in a bus write for \(ServoPath.milliseconds(busy)) ms")
+                servo.engageFailsafe(reason: "servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
             }
             if let silence = configuration.silenceTimeout, let last = hub.lastFrameAt, last.duration(to: now) >= silence,
                servo.snapshot().failsafe == nil, hub.lastFrameAt != silencedAt {
                 silencedAt = hub.lastFrameAt
-                servo.engageFailsafe(reason: "no frame for \(ServoPath.milliseconds(silence)) ms")
+                servo.engageFailsafe(reason: "no frame for \(Int(silence.inSeconds * 1000)) ms")
             }
         } else {
             notifier.watchdogPing(at: now)
@@ -311,8 +311,8 @@ public final class BoardRuntime: @unchecked Sendable {
                 latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
                 latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil,
                 deadlineMisses: metrics.deadlineMisses, failsafe: snapshot.failsafe?.reason,
-                failsafeSeconds: snapshot.failsafe.map { (ServoPath.seconds($0.since.duration(to: now)) * 10).rounded() / 10 },
-                failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { (ServoPath.seconds($0) * 10_000).rounded() / 10 },
+                failsafeSeconds: snapshot.failsafe.map { ($0.since.duration(to: now).inSeconds * 10).rounded() / 10 },
+                failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { ($0.inSeconds * 10_000).rounded() / 10 },
                 failsafes: metrics.failsafes, scheduling: snapshot.scheduling,
                 maxLcdChunksWaited: servoArbiter?.statistics.maxDisplayTransactionsWaited ?? 0,
                 maxBusWaitUs: servoArbiter?.statistics.maxServoWaitMicroseconds ?? 0
@@ -334,13 +334,13 @@ public final class BoardRuntime: @unchecked Sendable {
             StatusReport.SessionInfo(
                 id: session.id, transport: session.transport, peer: session.peer,
                 bytes: session.counters.bytes, frames: session.counters.frames, errors: session.counters.errors,
-                connectedSeconds: ServoPath.seconds(session.connectedAt.duration(to: now))
+                connectedSeconds: session.connectedAt.duration(to: now).inSeconds
             )
         }
         let counters = dispatcher.counters
         return StatusReport(
             board: configuration.name, version: BLEControlVersion.string,
-            uptimeSeconds: (ServoPath.seconds(startedAt.duration(to: now)) * 10).rounded() / 10,
+            uptimeSeconds: (startedAt.duration(to: now).inSeconds * 10).rounded() / 10,
             simulated: observer != nil, channels: channels, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
             sessions: sessions,
             counters: StatusReport.Counters(frames: counters.frames, errors: counters.errors, discardedPartials: counters.discardedPartials, sessionsTotal: hub.totalOpened),

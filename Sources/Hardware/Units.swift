@@ -15,3 +15,12 @@ public struct Microseconds: Hashable, Sendable, Comparable, CustomStringConverti
     public static func < (lhs: Microseconds, rhs: Microseconds) -> Bool { lhs.value < rhs.value }
     public var description: String { "\(value) µs" }
 }
+
+extension Duration {
+    /// This duration in seconds as a floating-point number: what
+    /// `Thread.sleep(forTimeInterval:)`, `Date` and rate arithmetic take.
+    public var inSeconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}

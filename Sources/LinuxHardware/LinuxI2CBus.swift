@@ -377,8 +377,7 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
     }
 
     private static func sleep(_ duration: Duration) {
-        let parts = duration.components
-        let seconds = Double(parts.seconds) + Double(parts.attoseconds) / 1e18
+        let seconds = duration.inSeconds
         if seconds > 0 { Thread.sleep(forTimeInterval: seconds) }
     }
 }

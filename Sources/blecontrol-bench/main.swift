@@ -16,9 +16,6 @@ import Glibc
 // `scripts/bench` (release build). Machines are shared and noisy: compare
 // figures from one run, not across runs.
 
-func seconds(_ duration: Duration) -> Double {
-    Double(duration.components.seconds) + Double(duration.components.attoseconds) * 1e-18
-}
 
 func format(_ value: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", value) }
 
@@ -73,7 +70,7 @@ func benchmarkDecoder() {
         }
         precondition(decoded == frames, "decoded \(decoded) of \(frames) frames")
         let label = chunk == bytes.count ? "one write" : "\(chunk)-byte writes\(chunk == 20 ? " (BLE ATT payload)" : "")"
-        print("  \(label.padding(toLength: 32, withPad: " ", startingAt: 0)) \(format(Double(frames) / seconds(best) / 1e6, 2)) M frames/s  \(format(Double(bytes.count) / seconds(best) / 1e6, 1)) MB/s")
+        print("  \(label.padding(toLength: 32, withPad: " ", startingAt: 0)) \(format(Double(frames) / best.inSeconds / 1e6, 2)) M frames/s  \(format(Double(bytes.count) / best.inSeconds / 1e6, 1)) MB/s")
     }
 }
 
@@ -152,7 +149,7 @@ func benchmarkLatency(frames: Int) throws {
     let elapsed = ContinuousClock.now - start
     let after = try runtime.status().servo
     if let servo = after {
-        print("stream of \(frames) servo frames over 8 channels in 20-byte writes (\(format(Double(frames) / seconds(elapsed), 0)) frames/s end to end):")
+        print("stream of \(frames) servo frames over 8 channels in 20-byte writes (\(format(Double(frames) / elapsed.inSeconds, 0)) frames/s end to end):")
         print("  socket read → bus write complete: p50 \(servo.latencyP50Us ?? -1) µs  p99 \(servo.latencyP99Us ?? -1) µs  max \(servo.latencyMaxUs ?? -1) µs")
         let flushes = servo.flushes
         let writes = servo.busWrites
@@ -286,11 +283,11 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
         // Paced on absolute instants: 2 ms apart, 500 frames/s.
         let due = start + .microseconds(Int64(index) * 2000)
         let now = ContinuousClock.now
-        if due > now { usleep(useconds_t(max(0, Int(seconds(now.duration(to: due)) * 1e6)))) }
+        if due > now { usleep(useconds_t(max(0, Int(now.duration(to: due).inSeconds * 1e6)))) }
         try central.send(FrameEncoder.encode(.servo(channel: UInt8(index % 8), value: UInt16((index * 7) % 1001))))
     }
     usleep(100_000)
-    let elapsed = seconds(ContinuousClock.now - start)
+    let elapsed = (ContinuousClock.now - start).inSeconds
     flooding.value = false
     let servo = try runtime.status().servo!
     return (servo.latencyP50Us ?? -1, servo.latencyP99Us ?? -1, servo.latencyMaxUs ?? -1, frames, servo.busWrites, servo.flushes, servo.maxLcdChunksWaited, servo.maxBusWaitUs, elapsed, servo.scheduling)

@@ -146,7 +146,7 @@ public final class LCDService: @unchecked Sendable {
         if isNew { logger.error("LCD offline: \(message); probing every \(probeInterval)") }
         for callback in failed { callback(message) }
         condition.withLock {
-            if !stopping { _ = condition.wait(until: Date(timeIntervalSinceNow: ServoPath.seconds(probeInterval))) }
+            if !stopping { _ = condition.wait(until: Date(timeIntervalSinceNow: probeInterval.inSeconds)) }
         }
     }
 }

@@ -384,7 +384,7 @@ public final class ServoPath: @unchecked Sendable {
                 guard let nextToken = takeFlushToken(at: now) else { break }
                 wakeAt = min(wakeAt, nextToken)
             }
-            _ = condition.wait(until: Date(timeIntervalSinceNow: Self.seconds(now.duration(to: wakeAt))))
+            _ = condition.wait(until: Date(timeIntervalSinceNow: now.duration(to: wakeAt).inSeconds))
             if !hasWork && ContinuousClock.now >= now + timing.heartbeat {
                 // Idle but alive: let the watchdog know.
                 condition.unlock()
@@ -457,7 +457,7 @@ public final class ServoPath: @unchecked Sendable {
         guard capacity > 0 else { return nil }
         let perToken = timing.period / timing.maxFlushesPerPeriod
         if let tokensAt {
-            flushTokens = min(capacity, flushTokens + Self.seconds(tokensAt.duration(to: now)) / Self.seconds(perToken))
+            flushTokens = min(capacity, flushTokens + tokensAt.duration(to: now).inSeconds / perToken.inSeconds)
         } else {
             flushTokens = capacity
         }
@@ -502,16 +502,7 @@ public final class ServoPath: @unchecked Sendable {
 
     private func waitBeforeRetry() {
         condition.withLock {
-            if !stopping { _ = condition.wait(until: Date(timeIntervalSinceNow: Self.seconds(timing.retryInterval))) }
+            if !stopping { _ = condition.wait(until: Date(timeIntervalSinceNow: timing.retryInterval.inSeconds)) }
         }
-    }
-
-    static func milliseconds(_ duration: Duration) -> Int {
-        Int(seconds(duration) * 1000)
-    }
-
-    static func seconds(_ duration: Duration) -> Double {
-        let (seconds, attoseconds) = duration.components
-        return Double(seconds) + Double(attoseconds) / 1e18
     }
 }
