@@ -45,17 +45,11 @@ public final class LoopbackTCPClient {
     /// Reads until `count` bytes arrived or `timeout` passed; returns what came.
     public func receive(count: Int, timeout: Duration = .seconds(3)) -> [UInt8] {
         var received: [UInt8] = []
-        let deadline = ContinuousClock.now + timeout
-        while received.count < count {
-            let left = ContinuousClock.now.duration(to: deadline)
-            if left <= .zero { break }
-            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            let milliseconds = Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000)
-            guard poll(&pollfd, 1, max(1, milliseconds)) > 0 else { continue }
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            received += buffer[0..<n]
+        if count > 0 {
+            receiveChunks(from: fd, until: .now + timeout) { chunk in
+                received += chunk
+                return received.count < count
+            }
         }
         return received
     }
@@ -67,5 +61,22 @@ public final class LoopbackTCPClient {
         guard poll(&pollfd, 1, milliseconds) > 0 else { return false }
         var byte: UInt8 = 0
         return recv(fd, &byte, 1, Int32(MSG_PEEK)) == 0
+    }
+}
+
+/// Receives from `fd` until `deadline`, the peer closing, or an error:
+/// each `recv` (a stream chunk or one datagram) goes to `body`, which
+/// returns false once it has what it waited for.
+public func receiveChunks(from fd: Int32, until deadline: ContinuousClock.Instant, _ body: ([UInt8]) -> Bool) {
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let left = ContinuousClock.now.duration(to: deadline)
+        if left <= .zero { return }
+        var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let milliseconds = Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000)
+        guard poll(&pollfd, 1, max(1, milliseconds)) > 0 else { continue }
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if n <= 0 { return }
+        if !body(Array(buffer[0..<n])) { return }
     }
 }

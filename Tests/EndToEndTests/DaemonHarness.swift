@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -185,14 +186,9 @@ extension SimulatorDaemon {
         guard connected == 0 else { throw HarnessError(description: "connect \(socketPath): \(errno)") }
         _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var received: [UInt8] = []
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&pollfd, 1, 50) > 0 else { continue }
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            received += buffer[0..<n]
+        receiveChunks(from: fd, until: .now + timeout) { chunk in
+            received += chunk
+            return true
         }
         return String(decoding: received, as: UTF8.self)
     }
@@ -219,13 +215,9 @@ final class NotifySocket {
     /// Every datagram that arrives within `timeout`.
     func messages(for timeout: Duration) -> [String] {
         var result: [String] = []
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&pollfd, 1, 20) > 0 else { continue }
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n > 0 { result.append(String(decoding: buffer[0..<n], as: UTF8.self)) }
+        receiveChunks(from: fd, until: .now + timeout) { datagram in
+            result.append(String(decoding: datagram, as: UTF8.self))
+            return true
         }
         return result
     }
