@@ -110,6 +110,22 @@ struct BLEPeripheralTests {
         let passkeys = Collected<String>()
     }
 
+    /// A private bus with a fake BlueZ and a started peripheral that is
+    /// advertising; skipped (returns) where there is no dbus-daemon.
+    func withAdvertisingPeripheral(allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true,
+                                   _ body: (FakeBlueZ, BLEPeripheral, Events) throws -> Void) throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.connection.close() }
+        let events = Events()
+        let ble = peripheral(bus, events: events, allow: allow, security: security, acquireWrite: acquireWrite)
+        ble.start()
+        defer { ble.stop() }
+        #expect(eventually { ble.state.hasPrefix("advertising") })
+        try body(bluez, ble, events)
+    }
+
     func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true) -> BLEPeripheral {
         BLEPeripheral(
             configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, security: security, allow: allow, busAddress: bus.address, acquireWrite: acquireWrite),
@@ -142,52 +158,39 @@ struct BLEPeripheralTests {
     }
 
     @Test func aWriteWithResponseIsAnsweredOnlyOnceApplied() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events)
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let name = try bluez.connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "ListNames")
-            .first?.arrayValue?.compactMap(\.stringValue).filter { $0.hasPrefix(":") && $0 != bluez.connection.uniqueName } ?? []
-        // The peripheral is the only other client on this bus.
-        let peripheralName = try #require(name.first { candidate in
-            (try? bluez.connection.callAndWait(destination: candidate, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties", method: "Get",
-                                               arguments: [.string("org.bluez.GattCharacteristic1"), .string("UUID")])) != nil
-        })
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let peripheralName = try bluez.peripheralName()
 
-        try bluez.write([0x02, 0x03, 0x00, 0x01, 0xF4], type: "command", to: peripheralName)
-        let answered = Collected<Bool>()
-        let writer = Thread {
-            do {
-                try bluez.write([0x05, 0x00], type: nil, to: peripheralName)  // BlueZ 5.66: no type → request
-                answered.append(true)
-            } catch { answered.append(false) }
+            try bluez.write([0x02, 0x03, 0x00, 0x01, 0xF4], type: "command", to: peripheralName)
+            let answered = Collected<Bool>()
+            let writer = Thread {
+                do {
+                    try bluez.write([0x05, 0x00], type: nil, to: peripheralName)  // BlueZ 5.66: no type → request
+                    answered.append(true)
+                } catch { answered.append(false) }
+            }
+            writer.start()
+            #expect(eventually { events.acks.all.count == 1 })
+            usleep(100_000)
+            #expect(answered.all.isEmpty, "answered before the frames were applied")
+            events.acks.all.first?(nil)
+            #expect(eventually { answered.all == [true] })
+            #expect(events.writes.all == ["dev_00_00_00_02_00_01 02030001f4 command", "dev_00_00_00_02_00_01 0500 request"])
+
+            // A failed apply is an error reply (an ATT error for the central).
+            let failedWrite = Collected<String>()
+            let second = Thread {
+                do { try bluez.write([0x05, 0x00], type: "request", to: peripheralName); failedWrite.append("ok") } catch { failedWrite.append("\(error)") }
+            }
+            second.start()
+            #expect(eventually { events.acks.all.count == 2 })
+            events.acks.all[1]("PCA9685 did not answer")
+            #expect(eventually { failedWrite.all.count == 1 })
+            #expect(failedWrite.all.first?.contains("org.bluez.Error.Failed") == true)
+
+            bluez.disconnectCentral()
+            #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
         }
-        writer.start()
-        #expect(eventually { events.acks.all.count == 1 })
-        usleep(100_000)
-        #expect(answered.all.isEmpty, "answered before the frames were applied")
-        events.acks.all.first?(nil)
-        #expect(eventually { answered.all == [true] })
-        #expect(events.writes.all == ["dev_00_00_00_02_00_01 02030001f4 command", "dev_00_00_00_02_00_01 0500 request"])
-
-        // A failed apply is an error reply (an ATT error for the central).
-        let failedWrite = Collected<String>()
-        let second = Thread {
-            do { try bluez.write([0x05, 0x00], type: "request", to: peripheralName); failedWrite.append("ok") } catch { failedWrite.append("\(error)") }
-        }
-        second.start()
-        #expect(eventually { events.acks.all.count == 2 })
-        events.acks.all[1]("PCA9685 did not answer")
-        #expect(eventually { failedWrite.all.count == 1 })
-        #expect(failedWrite.all.first?.contains("org.bluez.Error.Failed") == true)
-
-        bluez.disconnectCentral()
-        #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
     }
 
     @Test func aBlueZRestartRegistersAgain() throws {
@@ -209,24 +212,17 @@ struct BLEPeripheralTests {
     }
 
     @Test func theAllowListRefusesOthers() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events, allow: ["AA:BB:CC:DD:EE:FF"])
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let names = try bluez.connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "ListNames")
-            .first?.arrayValue?.compactMap(\.stringValue).filter { $0.hasPrefix(":") && $0 != bluez.connection.uniqueName } ?? []
-        var refused = 0
-        for name in names {
-            do { try bluez.write([0x00, 0x00], type: "command", to: name) } catch let failure as DBusFailure where failure.name == "org.bluez.Error.NotAuthorized" { refused += 1 } catch {}
+        try withAdvertisingPeripheral(allow: ["AA:BB:CC:DD:EE:FF"]) { bluez, ble, events in
+            let names = try bluez.connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "ListNames")
+                .first?.arrayValue?.compactMap(\.stringValue).filter { $0.hasPrefix(":") && $0 != bluez.connection.uniqueName } ?? []
+            var refused = 0
+            for name in names {
+                do { try bluez.write([0x00, 0x00], type: "command", to: name) } catch let failure as DBusFailure where failure.name == "org.bluez.Error.NotAuthorized" { refused += 1 } catch {}
+            }
+            #expect(refused == 1)
+            #expect(events.writes.all.isEmpty)
+            #expect(ble.state.contains("1 writes refused"))
         }
-        #expect(refused == 1)
-        #expect(events.writes.all.isEmpty)
-        #expect(ble.state.contains("1 writes refused"))
     }
 
     /// Reads one datagram, waiting up to a second; nil on EOF, [] on timeout.
@@ -239,172 +235,137 @@ struct BLEPeripheralTests {
     }
 
     @Test func acquiredWriteSocketCarriesFramesAndCanBeReacquired() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events)
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let name = try bluez.peripheralName()
-        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == false)
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            #expect(bluez.characteristicProperty("WriteAcquired", of: name) == false)
 
-        let first = try bluez.acquire("AcquireWrite", mtu: 185, from: name)
-        #expect(first.mtu == 185)
-        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
-        // One datagram per ATT write-without-response.
-        var frame: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
-        #expect(write(first.fd, &frame, frame.count) == frame.count)
-        var second: [UInt8] = [0x05, 0x00]
-        #expect(write(first.fd, &second, second.count) == second.count)
-        #expect(eventually { events.writes.all == ["dev_00_00_00_02_00_01 02030001f4 command", "dev_00_00_00_02_00_01 0500 command"] })
+            let first = try bluez.acquire("AcquireWrite", mtu: 185, from: name)
+            #expect(first.mtu == 185)
+            #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
+            // One datagram per ATT write-without-response.
+            var frame: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
+            #expect(write(first.fd, &frame, frame.count) == frame.count)
+            var second: [UInt8] = [0x05, 0x00]
+            #expect(write(first.fd, &second, second.count) == second.count)
+            #expect(eventually { events.writes.all == ["dev_00_00_00_02_00_01 02030001f4 command", "dev_00_00_00_02_00_01 0500 command"] })
 
-        // After a reconnect or an MTU change BlueZ acquires again: the new socket replaces the old one.
-        let again = try bluez.acquire("AcquireWrite", mtu: 247, from: name)
-        #expect(again.mtu == 247)
-        #expect(Self.receive(first.fd) == nil, "the replaced socket is closed")
-        close(first.fd)
-        var third: [UInt8] = [0x06]
-        #expect(write(again.fd, &third, 1) == 1)
-        #expect(eventually { events.writes.all.last == "dev_00_00_00_02_00_01 06 command" })
-        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
+            // After a reconnect or an MTU change BlueZ acquires again: the new socket replaces the old one.
+            let again = try bluez.acquire("AcquireWrite", mtu: 247, from: name)
+            #expect(again.mtu == 247)
+            #expect(Self.receive(first.fd) == nil, "the replaced socket is closed")
+            close(first.fd)
+            var third: [UInt8] = [0x06]
+            #expect(write(again.fd, &third, 1) == 1)
+            #expect(eventually { events.writes.all.last == "dev_00_00_00_02_00_01 06 command" })
+            #expect(bluez.characteristicProperty("WriteAcquired", of: name) == true)
 
-        // BlueZ closing its end releases the acquisition but not the session.
-        close(again.fd)
-        #expect(eventually { bluez.characteristicProperty("WriteAcquired", of: name) == false })
-        #expect(events.disconnects.all.isEmpty)
-        bluez.disconnectCentral()
-        #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
+            // BlueZ closing its end releases the acquisition but not the session.
+            close(again.fd)
+            #expect(eventually { bluez.characteristicProperty("WriteAcquired", of: name) == false })
+            #expect(events.disconnects.all.isEmpty)
+            bluez.disconnectCentral()
+            #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
+        }
     }
 
     @Test func acquiredNotifySocketsCarryEachCentralsOwnNotifications() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events)
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let name = try bluez.peripheralName()
-        let centralA = "/org/bluez/hci0/dev_00_00_00_02_00_01"
-        let centralB = "/org/bluez/hci0/dev_00_00_00_03_00_01"
-        let a = try bluez.acquire("AcquireNotify", central: centralA, mtu: 23, from: name)
-        let b = try bluez.acquire("AcquireNotify", central: centralB, mtu: 23, from: name)
-        defer { close(b.fd) }
-        #expect(eventually { bluez.characteristicProperty("NotifyAcquired", of: name) == true })
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            let centralA = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+            let centralB = "/org/bluez/hci0/dev_00_00_00_03_00_01"
+            let a = try bluez.acquire("AcquireNotify", central: centralA, mtu: 23, from: name)
+            let b = try bluez.acquire("AcquireNotify", central: centralB, mtu: 23, from: name)
+            defer { close(b.fd) }
+            #expect(eventually { bluez.characteristicProperty("NotifyAcquired", of: name) == true })
 
-        // An ERROR caused by A goes to A only.
-        ble.notify([0xFF, 0x01, 0x09], central: centralA)
-        #expect(Self.receive(a.fd) == [0xFF, 0x01, 0x09])
-        ble.notify([0xFF, 0x02, 0x09], central: centralB)
-        #expect(Self.receive(b.fd) == [0xFF, 0x02, 0x09])
-        #expect(Self.receive(a.fd) == [], "B's error reached A")
+            // An ERROR caused by A goes to A only.
+            ble.notify([0xFF, 0x01, 0x09], central: centralA)
+            #expect(Self.receive(a.fd) == [0xFF, 0x01, 0x09])
+            ble.notify([0xFF, 0x02, 0x09], central: centralB)
+            #expect(Self.receive(b.fd) == [0xFF, 0x02, 0x09])
+            #expect(Self.receive(a.fd) == [], "B's error reached A")
 
-        // A frame longer than ATT_MTU - 3 is split into notifications of 20 bytes.
-        let long = (0..<30).map { UInt8($0) }
-        ble.notify(long, central: centralA)
-        #expect(Self.receive(a.fd) == Array(long.prefix(20)))
-        #expect(Self.receive(a.fd) == Array(long.suffix(10)))
+            // A frame longer than ATT_MTU - 3 is split into notifications of 20 bytes.
+            let long = (0..<30).map { UInt8($0) }
+            ble.notify(long, central: centralA)
+            #expect(Self.receive(a.fd) == Array(long.prefix(20)))
+            #expect(Self.receive(a.fd) == Array(long.suffix(10)))
 
-        // No central: everyone.
-        ble.notify([0x01], central: nil)
-        #expect(Self.receive(a.fd) == [0x01])
-        #expect(Self.receive(b.fd) == [0x01])
-        #expect(eventually { ble.currentStatistics.notifications == 4 })
+            // No central: everyone.
+            ble.notify([0x01], central: nil)
+            #expect(Self.receive(a.fd) == [0x01])
+            #expect(Self.receive(b.fd) == [0x01])
+            #expect(eventually { ble.currentStatistics.notifications == 4 })
 
-        // A disconnect closes that central's socket.
-        try bluez.write([0x00, 0x00], type: "command", to: name)
-        bluez.disconnectCentral()
-        #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
-        #expect(Self.receive(a.fd) == nil)
-        close(a.fd)
-        ble.notify([0x02], central: centralB)
-        #expect(Self.receive(b.fd) == [0x02])
+            // A disconnect closes that central's socket.
+            try bluez.write([0x00, 0x00], type: "command", to: name)
+            bluez.disconnectCentral()
+            #expect(eventually { events.disconnects.all == ["dev_00_00_00_02_00_01"] })
+            #expect(Self.receive(a.fd) == nil)
+            close(a.fd)
+            ble.notify([0x02], central: centralB)
+            #expect(Self.receive(b.fd) == [0x02])
+        }
     }
 
     @Test func authenticatedSecurityRegistersADisplayOnlyAgentThatShowsThePasskey() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events, security: .authenticated)
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        #expect(bluez.agents.all == ["register /org/blecontrol/agent DisplayOnly", "default /org/blecontrol/agent"])
-        let name = try bluez.peripheralName()
-        let flags = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties", method: "Get",
-                                                     arguments: [.string("org.bluez.GattCharacteristic1"), .string("Flags")]).first?.arrayValue?.compactMap(\.stringValue) ?? []
-        #expect(flags.contains("encrypt-authenticated-write") && flags.contains("encrypt-authenticated-notify"))
+        try withAdvertisingPeripheral(security: .authenticated) { bluez, ble, events in
+            #expect(bluez.agents.all == ["register /org/blecontrol/agent DisplayOnly", "default /org/blecontrol/agent"])
+            let name = try bluez.peripheralName()
+            let flags = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.characteristicPath, interface: "org.freedesktop.DBus.Properties", method: "Get",
+                                                         arguments: [.string("org.bluez.GattCharacteristic1"), .string("Flags")]).first?.arrayValue?.compactMap(\.stringValue) ?? []
+            #expect(flags.contains("encrypt-authenticated-write") && flags.contains("encrypt-authenticated-notify"))
 
-        let device = "/org/bluez/hci0/dev_00_00_00_02_00_01"
-        func agent(_ method: String, _ arguments: [DBusValue]) throws {
-            _ = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.agentPath, interface: "org.bluez.Agent1", method: method, arguments: arguments)
-        }
-        // Passkey entry: shown once while the central types it, gone once paired.
-        try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(0)])
-        try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(3)])
-        #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321"])
-        bluez.connection.emitPropertiesChanged(path: device, interface: "org.bluez.Device1", changed: [("Paired", .bool(true))])
-        #expect(eventually { events.passkeys.all.count == 2 })
-        #expect(events.passkeys.all.last == "dev_00_00_00_02_00_01 -")
-
-        // Numeric comparison is shown and accepted; Cancel restores the display.
-        try agent("RequestConfirmation", [.objectPath(device), .uint32(987654)])
-        try agent("Cancel", [])
-        #expect(events.passkeys.all.suffix(2) == ["dev_00_00_00_02_00_01 987654", "dev_00_00_00_02_00_01 -"])
-
-        // A display-only board types nothing, and Just Works is not MITM-safe.
-        for (method, arguments) in [("RequestPasskey", [DBusValue.objectPath(device)]), ("RequestPinCode", [.objectPath(device)]), ("RequestAuthorization", [.objectPath(device)])] {
-            do {
-                try agent(method, arguments)
-                Issue.record("\(method) was accepted")
-            } catch let failure as DBusFailure {
-                #expect(failure.name == "org.bluez.Error.Rejected")
+            let device = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+            func agent(_ method: String, _ arguments: [DBusValue]) throws {
+                _ = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.agentPath, interface: "org.bluez.Agent1", method: method, arguments: arguments)
             }
+            // Passkey entry: shown once while the central types it, gone once paired.
+            try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(0)])
+            try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(3)])
+            #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321"])
+            bluez.connection.emitPropertiesChanged(path: device, interface: "org.bluez.Device1", changed: [("Paired", .bool(true))])
+            #expect(eventually { events.passkeys.all.count == 2 })
+            #expect(events.passkeys.all.last == "dev_00_00_00_02_00_01 -")
+
+            // Numeric comparison is shown and accepted; Cancel restores the display.
+            try agent("RequestConfirmation", [.objectPath(device), .uint32(987654)])
+            try agent("Cancel", [])
+            #expect(events.passkeys.all.suffix(2) == ["dev_00_00_00_02_00_01 987654", "dev_00_00_00_02_00_01 -"])
+
+            // A display-only board types nothing, and Just Works is not MITM-safe.
+            for (method, arguments) in [("RequestPasskey", [DBusValue.objectPath(device)]), ("RequestPinCode", [.objectPath(device)]), ("RequestAuthorization", [.objectPath(device)])] {
+                do {
+                    try agent(method, arguments)
+                    Issue.record("\(method) was accepted")
+                } catch let failure as DBusFailure {
+                    #expect(failure.name == "org.bluez.Error.Rejected")
+                }
+            }
+            try agent("Release", [])
         }
-        try agent("Release", [])
     }
 
     @Test func withoutAcquireWriteEveryWriteStaysOnWriteValue() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events, acquireWrite: false)
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let name = try bluez.peripheralName()
-        // bluetoothd looks for the property before it tries AcquireWrite.
-        #expect(bluez.characteristicProperty("WriteAcquired", of: name) == nil)
-        #expect(throws: DBusFailure.self) { try bluez.acquire("AcquireWrite", from: name) }
-        #expect(bluez.characteristicProperty("NotifyAcquired", of: name) == false)
+        try withAdvertisingPeripheral(acquireWrite: false) { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            // bluetoothd looks for the property before it tries AcquireWrite.
+            #expect(bluez.characteristicProperty("WriteAcquired", of: name) == nil)
+            #expect(throws: DBusFailure.self) { try bluez.acquire("AcquireWrite", from: name) }
+            #expect(bluez.characteristicProperty("NotifyAcquired", of: name) == false)
+        }
     }
 
     @Test func theAllowListRefusesAcquireWrite() throws {
-        guard let bus = try PrivateBus.start() else { return }
-        defer { bus.stop() }
-        let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
-        let events = Events()
-        let ble = peripheral(bus, events: events, allow: ["AA:BB:CC:DD:EE:FF"])
-        ble.start()
-        defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        let name = try bluez.peripheralName()
-        do {
-            _ = try bluez.acquire("AcquireWrite", from: name)
-            Issue.record("AcquireWrite from a central outside ble.allow was accepted")
-        } catch let failure as DBusFailure {
-            #expect(failure.name == "org.bluez.Error.NotAuthorized")
+        try withAdvertisingPeripheral(allow: ["AA:BB:CC:DD:EE:FF"]) { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            do {
+                _ = try bluez.acquire("AcquireWrite", from: name)
+                Issue.record("AcquireWrite from a central outside ble.allow was accepted")
+            } catch let failure as DBusFailure {
+                #expect(failure.name == "org.bluez.Error.NotAuthorized")
+            }
+            #expect(eventually { ble.state.contains("1 writes refused") })
         }
-        #expect(eventually { ble.state.contains("1 writes refused") })
     }
 }
