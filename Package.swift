@@ -4,10 +4,8 @@ import PackageDescription
 // Lower bounds are loose on purpose: Swift 6.0.3 (Debian/Raspberry Pi OS
 // trixie) must be able to pick releases it builds; newer toolchains pick newer.
 var packageDependencies: [Package.Dependency] = [
-    .package(url: "https://github.com/apple/swift-argument-parser", from: "1.3.0"),
     .package(url: "https://github.com/apple/swift-log", from: "1.5.0"),
     .package(url: "https://github.com/apple/swift-system", from: "1.3.0"),
-    .package(url: "https://github.com/jpsim/Yams", from: "5.0.0"),
 ]
 var protocolTestDependencies: [Target.Dependency] = ["BLEControlProtocol", "TestSupport"]
 
@@ -32,39 +30,66 @@ let package = Package(
         // Seeded inputs and a loopback client shared by tests and benchmarks.
         .target(name: "TestSupport"),
         .target(name: "Hardware"),
+        // epoll, eventfd, signalfd, named threads, monotonic condition
+        // variables and priority-inheriting mutexes (glibc, _GNU_SOURCE).
+        .target(name: "CReactor"),
+        // The one event loop, its timers and clock, threads and locks.
+        .target(name: "Reactor", dependencies: [
+            "CReactor",
+            .product(name: "SystemPackage", package: "swift-system"),
+        ]),
         // C views of i2c-dev and libgpiod (from libi2c-dev and libgpiod-dev).
         .target(name: "CLinuxI2C", linkerSettings: [.linkedLibrary("i2c")]),
         .target(name: "CGPIOD", linkerSettings: [.linkedLibrary("gpiod")]),
         // libdbus-1 (libdbus-1-dev) and the BlueZ peripheral built on it.
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
-        .target(name: "BlueZ", dependencies: [
-            "CDBus",
+        // The libdbus-1 binding: connection on the reactor, marshalling,
+        // exported objects.
+        .target(name: "DBus", dependencies: [
+            "CDBus", "Reactor",
             .product(name: "Logging", package: "swift-log"),
+        ]),
+        .target(name: "BlueZ", dependencies: [
+            "DBus", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // The control socket's protocol, its JSON and the client `blecontrol`
+        // uses: what the CLI needs of the daemon, without the daemon.
+        .target(name: "Control", dependencies: [
+            "Reactor",
+            .product(name: "SystemPackage", package: "swift-system"),
         ]),
         // The Linux backends of the bus and pin protocols.
         .target(name: "LinuxHardware", dependencies: [
-            "Hardware", "CLinuxI2C", "CGPIOD",
+            "Hardware", "CLinuxI2C", "CGPIOD", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "Devices", dependencies: [
-            "Hardware",
+            "Hardware", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        .target(name: "DeviceEmulators", dependencies: ["Hardware"]),
+        .target(name: "DeviceEmulators", dependencies: ["Hardware", "Reactor"]),
+        // Board files: the YAML subset, the schema, the validated configuration.
+        .target(name: "Board", dependencies: ["BlueZ", "Devices", "Hardware", "Reactor"]),
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ",
+            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
-            .product(name: "Yams", package: "Yams"),
         ]),
+        // Command-line parsing without Foundation, for both executables.
+        .target(name: "Arguments"),
         .executableTarget(name: "blecontrold", dependencies: [
-            "Firmware",
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            "Arguments", "Board", "Control", "Firmware", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The CLI: the protocol, the control client and the doctor; not the daemon.
         .executableTarget(name: "blecontrol", dependencies: [
-            "BLEControlProtocol", "Firmware", "LinuxHardware", "Hardware",
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            "Arguments", "BLEControlProtocol", "Control", "Doctor", "Reactor",
+        ]),
+        // The diagnosis behind `blecontrol doctor` (the CLI's, not the daemon's).
+        .target(name: "Doctor", dependencies: [
+            "Board", "Control", "DBus", "BlueZ", "Devices", "Hardware", "LinuxHardware", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
         ]),
         // Interposes malloc to count allocations; linked into the benchmark only.
         .target(name: "CAllocationCounter"),
@@ -79,10 +104,13 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "FirmwareTests", dependencies: [
-            "Firmware", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
+            "Firmware", "Board", "Control", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "CDBus"]),
+        .testTarget(name: "BoardTests", dependencies: ["Board", "BlueZ", "Devices", "Hardware", "TestSupport"]),
+        .testTarget(name: "ReactorTests", dependencies: ["Reactor", "TestSupport"]),
+        .testTarget(name: "ControlTests", dependencies: ["Control"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "CDBus", "Reactor"]),
         .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C"]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
     ],

@@ -1,7 +1,8 @@
 /// The command byte that opens every BLEControl frame (PROTOCOL.md, "Frame").
 ///
-/// Codes 0…5 and 255 are fixed by the original iOS library and its STM32
-/// firmware; codes 6…254 are reserved for documented extensions.
+/// Codes 0…6 and 255 are fixed by the original iOS library (6, SWITCH_VAL,
+/// was sent by the library but never implemented by the STM32 firmware);
+/// codes 7…254 are reserved for documented extensions.
 public enum Command: UInt8, Sendable, CaseIterable {
     /// INIT: reset the session. Length 0.
     case initialize = 0
@@ -15,6 +16,8 @@ public enum Command: UInt8, Sendable, CaseIterable {
     case lcdText = 4
     /// LCD_CLEAR: blank the display. Length 0.
     case lcdClear = 5
+    /// SWITCH_VAL: a digital output on or off. Length 2.
+    case switchValue = 6
     /// ERROR: board → central notification naming the command that failed. Length 1.
     case error = 255
 
@@ -25,7 +28,7 @@ public enum Command: UInt8, Sendable, CaseIterable {
     public var validLengths: ClosedRange<UInt8> {
         switch self {
         case .initialize, .lcdClear: return 0...0
-        case .analogOutputEnable: return 2...2
+        case .analogOutputEnable, .switchValue: return 2...2
         case .servoValue, .pwmValue: return 3...3
         case .lcdText: return 2...UInt8.max
         case .error: return 1...1

@@ -255,6 +255,8 @@ public struct FrameDecoder: Sendable {
             message = lcdText(frameEnd: end)
         case .lcdClear:
             message = .lcdClear
+        case .switchValue:
+            message = .switchValue(index: buffer[2], on: buffer[3] != 0)
         case .error:
             message = .error(command: buffer[2])
         }

@@ -42,6 +42,11 @@ public enum FrameEncoder {
         case .lcdClear:
             buffer.append(Command.lcdClear.rawValue)
             buffer.append(0)
+        case .switchValue(let index, let on):
+            buffer.append(Command.switchValue.rawValue)
+            buffer.append(2)
+            buffer.append(index)
+            buffer.append(on ? 1 : 0)
         case .error(let command):
             buffer.append(Command.error.rawValue)
             buffer.append(1)

@@ -16,6 +16,9 @@ public enum Message: Equatable, Hashable, Sendable {
     case lcdText(line: UInt8, text: [UInt8])
     /// LCD_CLEAR: blank the display and home the cursor.
     case lcdClear
+    /// SWITCH_VAL: switch `index` on or off (the library sends 0 or 1; any
+    /// non-zero byte counts as on).
+    case switchValue(index: UInt8, on: Bool)
     /// ERROR (board → central): the board could not execute a frame of `command`.
     case error(command: UInt8)
 
@@ -32,6 +35,7 @@ public enum Message: Equatable, Hashable, Sendable {
         case .pwm: return .pwmValue
         case .lcdText: return .lcdText
         case .lcdClear: return .lcdClear
+        case .switchValue: return .switchValue
         case .error: return .error
         }
     }

@@ -1,86 +1,78 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import Reactor
 
 /// Our end of a `SOCK_SEQPACKET` socketpair whose other end went to BlueZ
 /// through `AcquireWrite` or `AcquireNotify` (org.bluez.GattCharacteristic1
 /// in BlueZ's doc/org.bluez.GattCharacteristic.rst): one datagram per ATT
 /// write or notification, no D-Bus round trip per packet.
 ///
-/// A thread of its own blocks in `read(2)`, so the D-Bus thread's poll loop
-/// stays libdbus's alone; it ends at EOF (BlueZ closed its end: the central
-/// went away, unsubscribed, or BlueZ replaced the socket) or on ``close()``.
+/// A registration on the D-Bus loop, not a thread: each readable event
+/// reads one datagram (one ATT write) and the loop moves on, so an acquired
+/// socket is served in turn with the bus. It ends at EOF (BlueZ closed its
+/// end: the central went away, unsubscribed, or BlueZ replaced the socket)
+/// or on ``close()``.
 final class AcquiredSocket: @unchecked Sendable {
-    // `fd` is immutable; `state` is under `lock`, which makes the unchecked
-    // Sendable sound: send/shutdown/close of the descriptor never race, and
-    // the descriptor is closed once, by the reader, after its last read.
-    private enum State { case open, shuttingDown, closed }
-
+    // Loop-confined: every method runs on the D-Bus loop.
     /// The BlueZ device path the socket was acquired for.
     let central: String
     /// The ATT MTU BlueZ reported; a notification carries at most `mtu - 3` bytes.
     let mtu: Int
     private let fd: Int32
-    private let lock = NSLock()
-    private var state = State.open
+    private let loop: EventLoop
+    private var token: LoopToken?
+    private var open = true
+    // An ATT write carries at most 512 bytes of value (Core 5.3 Vol 3 Part F 3.2.9).
+    private var buffer = [UInt8](repeating: 0, count: 1024)
 
-    private init(fd: Int32, central: String, mtu: Int) {
+    private init(fd: Int32, central: String, mtu: Int, loop: EventLoop) {
         self.fd = fd
         self.central = central
         self.mtu = mtu
+        self.loop = loop
     }
 
     /// A new pair: our end, and BlueZ's end (the caller passes it in the
     /// D-Bus reply — libdbus duplicates it while marshalling — and closes it).
-    static func pair(central: String, mtu: Int) -> (socket: AcquiredSocket, remote: Int32)? {
+    static func pair(central: String, mtu: Int, loop: EventLoop) -> (socket: AcquiredSocket, remote: Int32)? {
         var fds: [Int32] = [-1, -1]
-        guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0 else { return nil }
-        return (AcquiredSocket(fd: fds[0], central: central, mtu: mtu), fds[1])
+        guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0, &fds) == 0 else { return nil }
+        return (AcquiredSocket(fd: fds[0], central: central, mtu: mtu, loop: loop), fds[1])
     }
 
-    /// Starts the reader thread: `received` gets each datagram in order,
-    /// then `ended` once.
-    func start(name: String, received: @escaping @Sendable ([UInt8]) -> Void, ended: @escaping @Sendable () -> Void) {
-        let thread = Thread { [self] in
-            // An ATT write carries at most 512 bytes of value (Core 5.3 Vol 3 Part F 3.2.9).
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            while true {
-                let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if count > 0 {
-                    received(Array(buffer[0..<count]))
-                } else if count < 0, errno == EINTR {
-                    continue
-                } else {
-                    break
-                }
+    /// Starts reading: `received` gets each datagram in order, then `ended` once.
+    func start(received: @escaping ([UInt8]) -> Void, ended: @escaping () -> Void) throws {
+        token = try loop.register(fd, interest: .readable) { [weak self] readiness in
+            guard let self, self.open else { return }
+            let count = self.buffer.withUnsafeMutableBytes { recv(self.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if count > 0 {
+                received(Array(self.buffer[0..<count]))
+            } else if count < 0, errno == EAGAIN || errno == EINTR {
+                return
+            } else {
+                self.close()
+                ended()
             }
-            lock.withLock {
-                state = .closed
-                Glibc.close(fd)
-            }
-            ended()
         }
-        thread.name = name
-        thread.start()
     }
 
     /// Sends one datagram without blocking; false when the socket is gone
-    /// or full (a notification is dropped rather than stalling the caller).
+    /// or full (a notification is dropped rather than stalling the loop).
     @discardableResult
     func send(_ bytes: [UInt8]) -> Bool {
-        lock.withLock {
-            guard state == .open else { return false }
-            return bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT) | Int32(MSG_NOSIGNAL)) } == bytes.count
-        }
+        guard open else { return false }
+        return bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT) | Int32(MSG_NOSIGNAL)) } == bytes.count
     }
 
-    /// Ends the socket: the reader drains what is queued, then sees EOF.
+    /// Ends the socket at once.
     func close() {
-        lock.withLock {
-            guard state == .open else { return }
-            state = .shuttingDown
-            _ = shutdown(fd, Int32(SHUT_RDWR))
-        }
+        guard open else { return }
+        open = false
+        if let token { loop.unregister(token) }
+        token = nil
+        Glibc.close(fd)
     }
+
+    deinit { if open { Glibc.close(fd) } }
 }

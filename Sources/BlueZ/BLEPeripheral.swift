@@ -1,31 +1,41 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
+import DBus
 import Logging
+import Reactor
+
+/// How writes to FFE1 are protected (the board file's `ble.security`).
+public enum BLESecurity: String, Sendable, CaseIterable {
+    /// Anyone may write, as the original HM-10 board.
+    case open
+    /// Writes need an encrypted link (BlueZ pairs "just works" on demand).
+    case encrypted
+    /// Writes need an authenticated (MITM-protected) encrypted link.
+    case authenticated
+}
 
 /// The board as a BLE peripheral through BlueZ (bluetoothd, or any service
 /// with its D-Bus API such as BlueZoo): a GATT application with the HM-10
-/// style serial service (FFE0/FFE1, PROTOCOL.md "Transport") and the
-/// Device Information service, an LE advertisement, and the self-healing
-/// that keeps both registered across bluetoothd restarts and adapter power
-/// cycles. Knows nothing of the firmware: bytes go out through ``Handlers``.
+/// style serial service (FFE0/FFE1) and the Device Information service, an
+/// LE advertisement, and the self-healing that keeps both registered across
+/// bluetoothd restarts and adapter power cycles (``Registration``). Knows
+/// nothing of the firmware: bytes go out through ``Handlers``.
 ///
-/// Everything runs on one ``DBusThread`` of its own; the public methods are
+/// Who may write: only bluetoothd. Every call into our objects must come
+/// from the current owner of `org.bluez` (others get AccessDenied and are
+/// counted); the central a write is for, its address (for `ble.allow`) and
+/// whether it is connected come from bluetoothd's own Device1 objects, never
+/// from the call's options alone, so a caller cannot forge them; a write is
+/// at most 512 bytes, the longest attribute value ATT allows.
+///
+/// Everything runs on one D-Bus loop of its own; the public methods are
 /// safe from any thread.
 public final class BLEPeripheral: @unchecked Sendable {
-    // Thread-confined: all mutable state is used on `thread` only, except
-    // `stateText` (under `lock`), which makes the unchecked Sendable sound.
+    // Loop-confined: all mutable state is used on `loop` only, except
+    // `published` (under `statusLock`), which makes the unchecked Sendable sound.
 
-    /// How writes are protected (the board file's `ble.security`).
-    public enum Security: String, Sendable, CaseIterable {
-        /// Anyone may write, as the original HM-10 board.
-        case open
-        /// Writes need an encrypted link (BlueZ pairs "just works" on demand).
-        case encrypted
-        /// Writes need an authenticated (MITM-protected) encrypted link.
-        case authenticated
-    }
+    public typealias Security = BLESecurity
 
     public struct Configuration: Sendable {
         /// The advertised complete local name.
@@ -47,13 +57,19 @@ public final class BLEPeripheral: @unchecked Sendable {
         /// is acquired bluetoothd sends every FFE1 write through it, write
         /// requests included, and answers those at once (gatt-database.c,
         /// chrc_write_cb): faster, but a write with response is then
-        /// acknowledged before it is applied. False keeps every write on
-        /// WriteValue, where a request is answered only once applied.
+        /// acknowledged before it is applied.
         public var acquireWrite: Bool
+        /// Offer write-without-response on FFE1 (the HM-10 layout the
+        /// original app expects). Without it bluetoothd waits for our reply
+        /// to every write, so each acknowledgement means "applied".
+        public var writeWithoutResponse: Bool
+        /// Set the adapter's Alias (the GAP name iOS shows in its device
+        /// list) to `name`, restoring the previous alias on stop.
+        public var setAlias: Bool
 
         public init(name: String, adapter: String = "hci0", powerOn: Bool = true, security: Security = .open, allow: [String] = [],
                     manufacturer: String = "BLEControl", model: String = "BLEControl board", firmwareRevision: String = "0.1.0",
-                    busAddress: String? = nil, acquireWrite: Bool = true) {
+                    busAddress: String? = nil, acquireWrite: Bool = false, writeWithoutResponse: Bool = true, setAlias: Bool = false) {
             self.name = name
             self.adapter = adapter
             self.powerOn = powerOn
@@ -64,10 +80,12 @@ public final class BLEPeripheral: @unchecked Sendable {
             self.firmwareRevision = firmwareRevision
             self.busAddress = busAddress
             self.acquireWrite = acquireWrite
+            self.writeWithoutResponse = writeWithoutResponse
+            self.setAlias = setAlias
         }
     }
 
-    /// What the peripheral tells its owner. All run on the peripheral's thread.
+    /// What the peripheral tells its owner. All run on the peripheral's loop.
     public struct Handlers: Sendable {
         /// Bytes a central wrote to FFE1, in order. `central` is its BlueZ
         /// device path. With response: call `done` once the frames are
@@ -79,8 +97,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         /// The central is gone (disconnected, adapter or BlueZ gone).
         public var disconnected: @Sendable (_ central: String) -> Void
         /// Pairing with `ble.security: authenticated`: show `passkey` (six
-        /// digits, or a legacy PIN code) to the user; nil when pairing
-        /// ended or was cancelled and the display may be restored.
+        /// digits, or a legacy PIN code); nil when pairing ended.
         public var passkey: @Sendable (_ central: String, _ passkey: String?) -> Void
 
         public init(write: @escaping @Sendable (String, [UInt8], Bool, @escaping @Sendable (String?) -> Void) -> Void,
@@ -98,117 +115,152 @@ public final class BLEPeripheral: @unchecked Sendable {
         public var writes = 0
         /// Writes refused by the allow-list.
         public var refused = 0
+        /// Calls refused because they did not come from bluetoothd.
+        public var deniedCallers = 0
+        /// Writes refused as longer than an ATT value can be.
+        public var oversized = 0
+        /// Writes refused because bluetoothd does not report the device connected.
+        public var unknownDevices = 0
         public var notifications = 0
     }
 
-    public static let serviceUUID = "0000ffe0-0000-1000-8000-00805f9b34fb"
-    public static let characteristicUUID = "0000ffe1-0000-1000-8000-00805f9b34fb"
-    static let deviceInformationUUID = "0000180a-0000-1000-8000-00805f9b34fb"
+    /// Where the peripheral stands, for status.
+    public enum State: Sendable, Equatable {
+        case stopped
+        /// Not on the air, and why (no bus, no BlueZ, no adapter, …).
+        case unavailable(String)
+        /// On its way (registering, powering the adapter on, …).
+        case starting(String)
+        case advertising
+    }
 
-    public static let applicationPath = "/org/blecontrol/gatt"
-    public static let servicePath = applicationPath + "/service0"
-    public static let characteristicPath = servicePath + "/char0"
-    static let deviceInformationPath = applicationPath + "/service1"
-    public static let advertisementPath = "/org/blecontrol/advertisement0"
-    /// The pairing agent (org.bluez.Agent1), registered with `ble.security: authenticated`.
-    public static let agentPath = "/org/blecontrol/agent"
+    /// A snapshot for status.
+    public struct Status: Sendable, Equatable {
+        public var state: State
+        public var centrals: Int
+        public var statistics: Statistics
+    }
+
+    public static let serviceUUID = GATTObjects.serviceUUID
+    public static let characteristicUUID = GATTObjects.characteristicUUID
+    public static let applicationPath = GATTObjects.applicationPath
+    public static let characteristicPath = GATTObjects.characteristicPath
+    public static let advertisementPath = GATTObjects.advertisementPath
+    public static let agentPath = GATTObjects.agentPath
+    /// The longest attribute value (Core 5.3 Vol 3 Part F 3.2.9).
+    public static let maximumWriteLength = 512
+
+    private struct Device {
+        var address: String
+        var connected: Bool
+    }
 
     private let configuration: Configuration
     private let handlers: Handlers
     private let logger: Logger
-    private let thread = DBusThread()
+    private let loop: EventLoop
     private let adapterPath: String
     private var connection: DBusConnection?
-    private var bluezOwner: String?
-    /// Bumped whenever BlueZ or the bus comes or goes: replies from an
-    /// earlier generation are stale and ignored.
-    private var generation = 0
-    private var applicationRegistered = false
-    private var advertisementRegistered = false
-    private var agentRegistered = false
-    /// The central whose passkey is on display (Cancel clears it).
+    private var registration: Registration
+    private var retryTimer: LoopToken?
+    private var running = false
+    /// bluetoothd's Device1 objects on our adapter, by path.
+    private var devices: [String: Device] = [:]
+    /// Writes for a device bluetoothd was asked about, in arrival order.
+    private var awaitingDevice: [String: [(call: DBusMethodCall, then: (Device) -> Void)]] = [:]
+    /// The central whose passkey is on display.
     private var pairing: String?
-    private var setupInFlight = false
-    private var retryTimer: DBusThread.Token?
     private var notifying = false
     private var value: [UInt8] = []
     private var centrals: Set<String> = []
-    /// AcquireWrite sockets by central: write-without-response frames
-    /// arrive there with no D-Bus message per write.
+    /// AcquireWrite sockets by central.
     private var writeSockets: [String: AcquiredSocket] = [:]
-    /// AcquireNotify sockets by the central BlueZ named when acquiring.
+    /// AcquireNotify sockets by central.
     private var notifySockets: [String: AcquiredSocket] = [:]
     private var statistics = Statistics()
+    private var detail = "not started"
     private var lastLogged: String?
-    private var running = false
 
-    private let lock = NSLock()
-    private var stateText = "not started"
-    private var statisticsCopy = Statistics()
-    private var centralCount = 0
+    private let statusLock = Lock()
+    private var published = Status(state: .stopped, centrals: 0, statistics: Statistics())
 
-    public init(configuration: Configuration, handlers: Handlers, logger: Logger) {
+    public init(configuration: Configuration, handlers: Handlers, logger: Logger) throws {
         self.configuration = configuration
         self.handlers = handlers
         self.logger = logger
         adapterPath = "/org/bluez/" + configuration.adapter
+        registration = Registration(options: .init(
+            adapter: configuration.adapter, powerOn: configuration.powerOn,
+            agent: configuration.security == .authenticated, alias: configuration.setAlias ? configuration.name : nil
+        ))
+        loop = try EventLoop(name: "blecontrol-dbus")
     }
 
-    /// What the transport is doing, for status ("advertising as …", "no BlueZ …").
-    public var state: String {
-        lock.withLock {
-            let refused = statisticsCopy.refused > 0 ? ", \(statisticsCopy.refused) writes refused (ble.allow)" : ""
-            return (stateText == "advertising" ? "advertising as \(configuration.name) on \(configuration.adapter), \(centralCount) central\(centralCount == 1 ? "" : "s")" : stateText) + refused
+    /// Where the peripheral stands (from any thread).
+    public var status: Status { statusLock.withLock { published } }
+
+    /// What the transport is doing, as one line for status.
+    public var stateDescription: String {
+        let status = self.status
+        let refused = status.statistics.refused > 0 ? ", \(status.statistics.refused) writes refused (ble.allow)" : ""
+        switch status.state {
+        case .stopped: return "stopped"
+        case .unavailable(let why), .starting(let why): return why + refused
+        case .advertising:
+            return "advertising as \(configuration.name) on \(configuration.adapter), \(status.centrals) central\(status.centrals == 1 ? "" : "s")" + refused
         }
     }
 
-    public var currentStatistics: Statistics { lock.withLock { statisticsCopy } }
-
-    /// Starts the thread and connects; never fails: a missing bus or BlueZ
-    /// is a state, retried until ``stop()``.
+    /// Starts the loop and connects; never fails: a missing bus or BlueZ is
+    /// a state, retried until ``stop()``.
     public func start() {
-        thread.start(name: "blecontrol-ble")
-        thread.execute { [self] in
+        loop.start()
+        loop.execute { [self] in
             running = true
-            connect()
+            perform(registration.handle(.start))
         }
     }
 
-    /// Unregisters (best effort, briefly), closes the bus and ends the thread.
+    /// Unregisters (best effort, at most about half a second), restores the
+    /// adapter's alias, closes the bus and ends the loop.
     public func stop() {
-        let done = DispatchSemaphore(value: 0)
-        thread.execute { [self] in
+        let finished = Promise<Void>()
+        loop.execute { [self] in
             running = false
-            if let retryTimer { thread.cancel(retryTimer) }
-            guard let connection, let owner = bluezOwner, applicationRegistered || advertisementRegistered else {
-                done.signal()
-                return
+            if let retryTimer { loop.cancel(retryTimer) }
+            var calls: [(String, String, [DBusValue])] = []
+            if registration.isAdvertising || registration.advertisementRegistered {
+                calls.append(("org.bluez.LEAdvertisingManager1", "UnregisterAdvertisement", [.objectPath(Self.advertisementPath)]))
             }
-            // bluetoothd drops our registrations when we leave the bus anyway;
-            // asking first makes it stop advertising at once.
-            let group = DispatchGroup()
-            if advertisementRegistered {
-                group.enter()
-                connection.call(destination: owner, path: adapterPath, interface: "org.bluez.LEAdvertisingManager1", method: "UnregisterAdvertisement",
-                                arguments: [.objectPath(Self.advertisementPath)], timeout: .milliseconds(500)) { _ in group.leave() }
+            if registration.applicationRegistered {
+                calls.append(("org.bluez.GattManager1", "UnregisterApplication", [.objectPath(Self.applicationPath)]))
             }
-            if applicationRegistered {
-                group.enter()
-                connection.call(destination: owner, path: adapterPath, interface: "org.bluez.GattManager1", method: "UnregisterApplication",
-                                arguments: [.objectPath(Self.applicationPath)], timeout: .milliseconds(500)) { _ in group.leave() }
+            if configuration.setAlias, let previous = registration.previousAlias, previous != configuration.name {
+                calls.append(("org.freedesktop.DBus.Properties", "Set", [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.string(previous))]))
             }
-            group.notify(queue: .global()) { done.signal() }
+            guard let connection, let owner = registration.owner, !calls.isEmpty else { return finished.fulfil(()) }
+            // bluetoothd drops our registrations when we leave the bus
+            // anyway; asking first makes it stop advertising at once.
+            let remaining = Countdown(calls.count) { finished.fulfil(()) }
+            for (interface, method, arguments) in calls {
+                connection.call(destination: owner, path: adapterPath, interface: interface, method: method, arguments: arguments, timeout: .milliseconds(500)) { _ in
+                    remaining.tick()
+                }
+            }
         }
-        _ = done.wait(timeout: .now() + .seconds(1))
-        thread.execute { [self] in
+        _ = finished.wait(until: .now + .seconds(1))
+        let closed = Promise<Void>()
+        loop.execute { [self] in
+            _ = registration.handle(.stop)
             closeAcquired(for: nil)
-            for central in centrals.sorted() { handlers.disconnected(central) }
-            centrals.removeAll()
+            endAllSessions()
             connection?.close()
             connection = nil
-            setState("stopped")
+            setDetail("stopped")
+            closed.fulfil(())
         }
-        thread.stop()
+        _ = closed.wait(until: .now + .seconds(1))
+        loop.stop()
     }
 
     /// Sends a frame as FFE1 notifications to `central` (nil: everyone).
@@ -223,19 +275,19 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// send_notification_to_devices), so with bluetoothd per-central holds
     /// only while one central is subscribed; BlueZoo acquires per link.
     public func notify(_ bytes: [UInt8], central: String?) {
-        thread.execute { [self] in
+        loop.execute { [self] in
             value = bytes
             if let central, let socket = notifySockets[central] {
                 send(bytes, through: socket)
             } else if notifying, let connection {
-                connection.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["Value"])
+                connection.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: ["Value"])
             } else if !notifySockets.isEmpty {
                 for key in notifySockets.keys.sorted() { send(bytes, through: notifySockets[key]!) }
             } else {
                 return
             }
             statistics.notifications += 1
-            publishStatistics()
+            publish()
         }
     }
 
@@ -254,31 +306,70 @@ public final class BLEPeripheral: @unchecked Sendable {
         } while start < bytes.count
     }
 
-    // MARK: Bus
+    // MARK: Registration actions
+
+    private func perform(_ actions: [Registration.Action]) {
+        for action in actions {
+            switch action {
+            case .connectBus:
+                connect()
+            case .call(let call, let generation):
+                perform(call, generation: generation)
+            case .retry(let delay, let generation):
+                if let retryTimer { loop.cancel(retryTimer) }
+                retryTimer = loop.schedule(after: delay) { [weak self] in
+                    guard let self else { return }
+                    self.retryTimer = nil
+                    self.perform(self.registration.handle(.retry(generation: generation)))
+                }
+            case .dropSessions:
+                pairingEnded()
+                notifying = false
+                closeAcquired(for: nil)
+                endAllSessions()
+            case .report(let text):
+                setDetail(text)
+            }
+        }
+        publish()
+    }
+
+    private func feed(_ event: Registration.Event) {
+        guard running else { return }
+        perform(registration.handle(event))
+    }
 
     private func connect() {
         guard running else { return }
         let address = configuration.busAddress ?? DBusConnection.systemBusAddress
         let connection: DBusConnection
         do {
-            connection = try DBusConnection(address: address, logger: logger, thread: thread)
+            connection = try DBusConnection(address: address, loop: loop, logger: logger)
         } catch {
             let reason = (error as? DBusFailure)?.message ?? "\(error)"
-            setState("no BlueZ on the system bus (cannot connect to \(address): \(reason)): BLE off, TCP still serving")
-            retry(after: .seconds(2)) { [weak self] in self?.connect() }
-            return
+            return feed(.busConnectFailed("cannot connect to \(address): \(reason)"))
         }
         self.connection = connection
-        generation += 1
+        connection.acceptCaller = { [weak self] sender in
+            guard let self else { return false }
+            if sender == self.registration.owner { return true }
+            self.statistics.deniedCallers += 1
+            self.logger.warning("BLE: refused a call from \(sender), which is not bluetoothd")
+            self.publish()
+            return false
+        }
         connection.onDisconnect = { [weak self] in
             guard let self else { return }
-            self.thread.execute { self.busLost() }
+            self.loop.execute {
+                self.connection = nil
+                self.feed(.busLost)
+            }
         }
         exportObjects(on: connection)
-        let owner = "org.freedesktop.DBus"
-        connection.addMatch(DBusMatchRule(sender: owner, interface: owner, member: "NameOwnerChanged", arg0: "org.bluez")) { [weak self] signal in
+        let bus = "org.freedesktop.DBus"
+        connection.addMatch(DBusMatchRule(sender: bus, interface: bus, member: "NameOwnerChanged", arg0: "org.bluez")) { [weak self] signal in
             guard let self, signal.arguments.count == 3, let new = signal.arguments[2].stringValue else { return }
-            if new.isEmpty { self.bluezGone() } else { self.bluezAppeared(owner: new) }
+            self.feed(new.isEmpty ? .bluezGone : .bluezAppeared(owner: new))
         }
         connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.ObjectManager")) { [weak self] signal in
             self?.objectManagerSignal(signal)
@@ -286,213 +377,100 @@ public final class BLEPeripheral: @unchecked Sendable {
         connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", pathNamespace: "/org/bluez")) { [weak self] signal in
             self?.propertiesChanged(signal)
         }
-        let generation = self.generation
-        connection.call(destination: owner, path: "/org/freedesktop/DBus", interface: owner, method: "GetNameOwner", arguments: [.string("org.bluez")]) { [weak self] result in
-            guard let self, self.generation == generation else { return }
+        feed(.busConnected)
+        connection.call(destination: bus, path: "/org/freedesktop/DBus", interface: bus, method: "GetNameOwner", arguments: [.string("org.bluez")]) { [weak self] result in
+            guard let self, case .success(let values) = result, let name = values.first?.stringValue else { return }
+            self.feed(.bluezAppeared(owner: name))
+        }
+    }
+
+    private func perform(_ call: Registration.Call, generation: Int) {
+        guard let connection, let owner = registration.owner else { return }
+        let reply: @Sendable (Result<[DBusValue], DBusFailure>) -> Void = { [weak self] result in
+            guard let self else { return }
             switch result {
-            case .success(let values):
-                if let name = values.first?.stringValue { self.bluezAppeared(owner: name) }
-            case .failure:
-                self.setState("no BlueZ on the system bus: BLE off, TCP still serving")
+            case .success: self.feed(.succeeded(call, generation: generation))
+            case .failure(let failure): self.feed(.failed(call, failure, generation: generation))
             }
         }
-    }
-
-    private func busLost() {
-        generation += 1
-        dropRegistrations()
-        bluezOwner = nil
-        connection?.close()
-        connection = nil
-        setState("the system bus went away: BLE off, TCP still serving; reconnecting")
-        retry(after: .seconds(1)) { [weak self] in self?.connect() }
-    }
-
-    private func bluezAppeared(owner: String) {
-        guard bluezOwner != owner else { return }
-        generation += 1
-        dropRegistrations()
-        bluezOwner = owner
-        setupInFlight = false
-        logger.info("BlueZ is on the bus (\(owner))")
-        setup()
-    }
-
-    private func bluezGone() {
-        guard bluezOwner != nil else { return }
-        generation += 1
-        bluezOwner = nil
-        dropRegistrations()
-        setState("no BlueZ on the system bus: BLE off, TCP still serving")
-    }
-
-    /// BlueZ forgot us (restart, adapter gone or off): every central is gone too.
-    private func dropRegistrations() {
-        agentRegistered = false
-        endPairing()
-        applicationRegistered = false
-        advertisementRegistered = false
-        setupInFlight = false
-        notifying = false
-        closeAcquired(for: nil)
-        for central in centrals.sorted() { handlers.disconnected(central) }
-        centrals.removeAll()
-        publishStatistics()
-    }
-
-    private func retry(after delay: Duration, _ work: @escaping () -> Void) {
-        if let retryTimer { thread.cancel(retryTimer) }
-        retryTimer = thread.schedule(after: delay) { [weak self] in
-            self?.retryTimer = nil
-            work()
-        }
-    }
-
-    // MARK: Registration
-
-    /// Finds the adapter, powers it on if asked, registers the application
-    /// and the advertisement. Idempotent; every failure retries shortly.
-    private func setup() {
-        guard running, let connection, let owner = bluezOwner, !setupInFlight else { return }
-        guard !(applicationRegistered && advertisementRegistered) else { return }
-        setupInFlight = true
-        let generation = self.generation
-        connection.call(destination: owner, path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects") { [weak self] result in
-            guard let self, self.generation == generation else { return }
-            self.setupInFlight = false
-            guard case .success(let values) = result, let objects = values.first?.dictionaryValue else {
-                if case .failure(let error) = result { self.setState("BlueZ does not answer GetManagedObjects (\(error)); retrying") }
-                return self.retry(after: .seconds(1)) { [weak self] in self?.setup() }
-            }
-            guard let interfaces = objects[self.adapterPath]?.dictionaryValue, let adapter = interfaces["org.bluez.Adapter1"]?.dictionaryValue else {
-                self.setState("waiting for adapter \(self.configuration.adapter)")
-                // InterfacesAdded normally brings it; poll as well, cheaply.
-                return self.retry(after: .seconds(1)) { [weak self] in self?.setup() }
-            }
-            guard interfaces["org.bluez.GattManager1"] != nil, interfaces["org.bluez.LEAdvertisingManager1"] != nil else {
-                self.setState("adapter \(self.configuration.adapter) has no GATT server or LE advertising (BlueZ too old, or not LE)")
-                return self.retry(after: .seconds(2)) { [weak self] in self?.setup() }
-            }
-            if adapter["Powered"]?.boolValue != true {
-                if self.configuration.powerOn {
-                    self.setState("powering adapter \(self.configuration.adapter) on")
-                    connection.call(destination: owner, path: self.adapterPath, interface: "org.freedesktop.DBus.Properties", method: "Set",
-                                    arguments: [.string("org.bluez.Adapter1"), .string("Powered"), .variant(.bool(true))]) { [weak self] result in
-                        guard let self, self.generation == generation else { return }
-                        if case .failure(let error) = result { self.setState("cannot power adapter \(self.configuration.adapter) on: \(error)") }
-                        self.retry(after: .milliseconds(300)) { [weak self] in self?.setup() }
-                    }
-                } else {
-                    self.setState("adapter \(self.configuration.adapter) is powered off: waiting (ble.power_on is false)")
-                }
-                return
-            }
-            self.register(connection: connection, owner: owner, generation: generation)
-        }
-    }
-
-    private func register(connection: DBusConnection, owner: String, generation: Int) {
-        setState("registering on \(configuration.adapter)")
-        setupInFlight = true
-        let finish: @Sendable () -> Void = { [weak self] in
-            guard let self, self.generation == generation else { return }
-            self.setupInFlight = false
-            if self.applicationRegistered && self.advertisementRegistered {
-                self.statistics.registrations += 1
-                self.publishStatistics()
-                self.setState("advertising")
-            } else {
-                self.retry(after: .seconds(1)) { [weak self] in self?.setup() }
-            }
-        }
-        let registerAdvertisement: @Sendable () -> Void = { [weak self] in
-            guard let self, self.generation == generation else { return }
-            guard !self.advertisementRegistered else { return finish() }
-            connection.call(destination: owner, path: self.adapterPath, interface: "org.bluez.LEAdvertisingManager1", method: "RegisterAdvertisement",
-                            arguments: [.objectPath(Self.advertisementPath), .properties([])], timeout: .seconds(10)) { [weak self] result in
-                guard let self, self.generation == generation else { return }
+        switch call {
+        case .inspect:
+            connection.call(destination: owner, path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects") { [weak self] result in
+                guard let self else { return }
                 switch result {
-                case .success: self.advertisementRegistered = true
-                case .failure(let error) where error.name == "org.bluez.Error.AlreadyExists": self.advertisementRegistered = true
-                case .failure(let error): self.setState("RegisterAdvertisement failed: \(error); retrying")
+                case .success(let values):
+                    let objects = values.first?.dictionaryValue ?? [:]
+                    self.learnDevices(from: objects)
+                    self.feed(.inspected(self.adapter(in: objects), generation: generation))
+                case .failure(let failure):
+                    self.feed(.failed(.inspect, failure, generation: generation))
                 }
-                finish()
             }
-        }
-        let registerApplication: @Sendable () -> Void = { [weak self] in
-            guard let self, self.generation == generation else { return }
-            if self.applicationRegistered { return registerAdvertisement() }
-            self.registerApplication(connection: connection, owner: owner, generation: generation, then: registerAdvertisement)
-        }
-        guard configuration.security == .authenticated, !agentRegistered else { return registerApplication() }
-        registerAgent(connection: connection, owner: owner, generation: generation, then: registerApplication)
-    }
-
-    /// AgentManager1.RegisterAgent(DisplayOnly) + RequestDefaultAgent, so
-    /// bluetoothd pairs with passkey entry (the central types the number the
-    /// board shows), the MITM-protected method a display-only device has
-    /// (Core 5.3 Vol 3 Part H 2.3.5.1, Table 2.8). A failure is logged and
-    /// does not stop the GATT service: unauthenticated writes then fail.
-    private func registerAgent(connection: DBusConnection, owner: String, generation: Int, then next: @escaping @Sendable () -> Void) {
-        connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RegisterAgent",
-                        arguments: [.objectPath(Self.agentPath), .string("DisplayOnly")]) { [weak self] result in
-            guard let self, self.generation == generation else { return }
-            switch result {
-            case .success: break
-            case .failure(let error) where error.name == "org.bluez.Error.AlreadyExists": break
-            case .failure(let error):
-                self.logger.warning("BLE: cannot register the pairing agent: \(error); authenticated pairing will fail")
-                return next()
-            }
+        case .powerOn:
+            connection.call(destination: owner, path: adapterPath, interface: "org.freedesktop.DBus.Properties", method: "Set",
+                            arguments: [.string("org.bluez.Adapter1"), .string("Powered"), .variant(.bool(true))], completion: reply)
+        case .setAlias(let alias):
+            connection.call(destination: owner, path: adapterPath, interface: "org.freedesktop.DBus.Properties", method: "Set",
+                            arguments: [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.string(alias))], completion: reply)
+        case .registerAgent:
+            // DisplayOnly: bluetoothd pairs with passkey entry (the central
+            // types the number the board shows), the MITM-protected method a
+            // display-only device has (Core 5.3 Vol 3 Part H 2.3.5.1, Table 2.8).
+            connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RegisterAgent",
+                            arguments: [.objectPath(Self.agentPath), .string("DisplayOnly")], completion: reply)
+        case .requestDefaultAgent:
             connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RequestDefaultAgent",
-                            arguments: [.objectPath(Self.agentPath)]) { [weak self] result in
-                guard let self, self.generation == generation else { return }
-                if case .failure(let error) = result {
-                    self.logger.warning("BLE: pairing agent registered but not the default: \(error)")
-                }
-                self.agentRegistered = true
-                self.logger.info("BLE: pairing agent registered (DisplayOnly)")
-                next()
-            }
+                            arguments: [.objectPath(Self.agentPath)], completion: reply)
+        case .registerApplication:
+            connection.call(destination: owner, path: adapterPath, interface: "org.bluez.GattManager1", method: "RegisterApplication",
+                            arguments: [.objectPath(Self.applicationPath), .properties([])], timeout: .seconds(10), completion: reply)
+        case .registerAdvertisement:
+            connection.call(destination: owner, path: adapterPath, interface: "org.bluez.LEAdvertisingManager1", method: "RegisterAdvertisement",
+                            arguments: [.objectPath(Self.advertisementPath), .properties([])], timeout: .seconds(10), completion: reply)
         }
     }
 
-    private func registerApplication(connection: DBusConnection, owner: String, generation: Int, then registerAdvertisement: @escaping @Sendable () -> Void) {
-        connection.call(destination: owner, path: adapterPath, interface: "org.bluez.GattManager1", method: "RegisterApplication",
-                        arguments: [.objectPath(Self.applicationPath), .properties([])], timeout: .seconds(10)) { [weak self] result in
-            guard let self, self.generation == generation else { return }
-            switch result {
-            case .success: self.applicationRegistered = true
-            case .failure(let error) where error.name == "org.bluez.Error.AlreadyExists": self.applicationRegistered = true
-            case .failure(let error):
-                self.setState("RegisterApplication failed: \(error); retrying")
-                self.setupInFlight = false
-                return self.retry(after: .seconds(1)) { [weak self] in self?.setup() }
-            }
-            registerAdvertisement()
+    private func adapter(in objects: [String: DBusValue]) -> Registration.Adapter? {
+        guard let interfaces = objects[adapterPath]?.dictionaryValue, let adapter = interfaces["org.bluez.Adapter1"]?.dictionaryValue else { return nil }
+        return Registration.Adapter(
+            powered: adapter["Powered"]?.boolValue == true,
+            hasGATT: interfaces["org.bluez.GattManager1"] != nil,
+            hasAdvertising: interfaces["org.bluez.LEAdvertisingManager1"] != nil,
+            alias: adapter["Alias"]?.stringValue
+        )
+    }
+
+    // MARK: bluetoothd's view of the centrals
+
+    private func learnDevices(from objects: [String: DBusValue]) {
+        for (path, value) in objects where path.hasPrefix(adapterPath + "/") {
+            if let properties = value.dictionaryValue?["org.bluez.Device1"]?.dictionaryValue { learnDevice(path, properties) }
         }
     }
 
-    // MARK: BlueZ signals
-
-    private func fromBlueZ(_ signal: DBusMessageInfo) -> Bool {
-        guard let owner = bluezOwner else { return false }
-        return signal.sender == owner && (signal.path ?? "").hasPrefix("/org/bluez") || signal.sender == owner && signal.path == "/"
+    private func learnDevice(_ path: String, _ properties: [String: DBusValue]) {
+        var device = devices[path] ?? Device(address: Self.address(of: path), connected: false)
+        if let address = properties["Address"]?.stringValue { device.address = address.uppercased() }
+        if let connected = properties["Connected"]?.boolValue { device.connected = connected }
+        devices[path] = device
     }
 
     private func objectManagerSignal(_ signal: DBusMessageInfo) {
-        guard fromBlueZ(signal), let object = signal.arguments.first?.stringValue else { return }
+        guard signal.sender == registration.owner, let object = signal.arguments.first?.stringValue else { return }
         switch signal.member {
         case "InterfacesAdded":
-            if object == adapterPath { setup() }
+            if object == adapterPath { feed(.adapterAdded) }
+            if object.hasPrefix(adapterPath + "/"), signal.arguments.count > 1,
+               let properties = signal.arguments[1].dictionaryValue?["org.bluez.Device1"]?.dictionaryValue {
+                learnDevice(object, properties)
+            }
         case "InterfacesRemoved":
             let names = signal.arguments.count > 1 ? signal.arguments[1].arrayValue?.compactMap(\.stringValue) ?? [] : []
             if object == adapterPath, names.contains("org.bluez.Adapter1") {
-                generation += 1
-                dropRegistrations()
-                setState("waiting for adapter \(configuration.adapter) (it went away)")
-                retry(after: .seconds(1)) { [weak self] in self?.setup() }
-            } else if centrals.contains(object), names.contains("org.bluez.Device1") {
+                devices.removeAll()
+                feed(.adapterRemoved)
+            } else if names.contains("org.bluez.Device1") {
+                devices.removeValue(forKey: object)
                 centralGone(object, why: "removed")
             }
         default:
@@ -501,23 +479,52 @@ public final class BLEPeripheral: @unchecked Sendable {
     }
 
     private func propertiesChanged(_ signal: DBusMessageInfo) {
-        guard fromBlueZ(signal), signal.arguments.count >= 2, let path = signal.path,
+        guard signal.sender == registration.owner, signal.arguments.count >= 2, let path = signal.path,
               let interface = signal.arguments[0].stringValue, let changed = signal.arguments[1].dictionaryValue else { return }
         if path == adapterPath, interface == "org.bluez.Adapter1", let powered = changed["Powered"]?.boolValue {
-            generation += 1
-            dropRegistrations()
-            if powered {
-                logger.info("adapter \(configuration.adapter) powered on")
-                setup()
-            } else {
-                setState("adapter \(configuration.adapter) is powered off: waiting")
-                if configuration.powerOn { retry(after: .seconds(1)) { [weak self] in self?.setup() } }
-            }
-        } else if interface == "org.bluez.Device1" {
+            feed(.adapterPowered(powered))
+        } else if interface == "org.bluez.Device1", path.hasPrefix(adapterPath + "/") {
+            learnDevice(path, changed)
             // bluetoothd does not tell the agent that pairing succeeded: Paired does.
-            if path == pairing, changed["Paired"]?.boolValue == true || changed["Connected"]?.boolValue == false { endPairing() }
-            if changed["Connected"]?.boolValue == false, centrals.contains(path) { centralGone(path, why: "disconnected") }
+            if path == pairing, changed["Paired"]?.boolValue == true || changed["Connected"]?.boolValue == false { pairingEnded() }
+            if changed["Connected"]?.boolValue == false { centralGone(path, why: "disconnected") }
         }
+    }
+
+    /// Runs `body` once bluetoothd has vouched that `device` is a connected
+    /// central on our adapter: at once when we know it, else after asking
+    /// it (calls for the same device keep their order), else refuses `call`.
+    private func withConnectedDevice(_ device: String?, call: DBusMethodCall, _ body: @escaping (Device) -> Void) {
+        guard let device, device.hasPrefix(adapterPath + "/dev_"), DBusNames.isValidPath(device) else {
+            statistics.unknownDevices += 1
+            publish()
+            return call.fail("org.bluez.Error.InvalidArguments", "no device of \(configuration.adapter) named in the options")
+        }
+        if let known = devices[device], known.connected { return body(known) }
+        if awaitingDevice[device] != nil {
+            awaitingDevice[device]!.append((call, body))
+            return
+        }
+        awaitingDevice[device] = [(call, body)]
+        guard let connection, let owner = registration.owner else { return resolveAwaiting(device) }
+        connection.call(destination: owner, path: device, interface: "org.freedesktop.DBus.Properties", method: "GetAll",
+                        arguments: [.string("org.bluez.Device1")], timeout: .seconds(2)) { [weak self] result in
+            guard let self else { return }
+            if case .success(let values) = result, let properties = values.first?.dictionaryValue { self.learnDevice(device, properties) }
+            self.resolveAwaiting(device)
+        }
+    }
+
+    private func resolveAwaiting(_ device: String) {
+        for (call, body) in awaitingDevice.removeValue(forKey: device) ?? [] {
+            if let known = devices[device], known.connected {
+                body(known)
+            } else {
+                statistics.unknownDevices += 1
+                call.fail("org.bluez.Error.NotPermitted", "bluetoothd does not report \(device) connected")
+            }
+        }
+        publish()
     }
 
     private func centralGone(_ central: String, why: String) {
@@ -526,76 +533,52 @@ public final class BLEPeripheral: @unchecked Sendable {
         logger.info("central \(central) \(why)")
         handlers.disconnected(central)
         if centrals.isEmpty { notifying = false }
-        publishStatistics()
+        publish()
         // BlueZ resumes advertising by itself once the link is gone; if it
         // released our advertisement meanwhile, Release() re-registers it.
+    }
+
+    private func endAllSessions() {
+        for central in centrals.sorted() { handlers.disconnected(central) }
+        centrals.removeAll()
     }
 
     // MARK: Exported objects
 
     private func exportObjects(on connection: DBusConnection) {
         connection.exportObjectManager(at: Self.applicationPath)
-        connection.export(path: Self.servicePath, interfaces: [serialService()])
-        connection.export(path: Self.characteristicPath, interfaces: [serialCharacteristic()])
-        connection.export(path: Self.deviceInformationPath, interfaces: [service(uuid: Self.deviceInformationUUID)])
-        let strings = [
-            ("2a29", configuration.manufacturer),
-            ("2a24", configuration.model),
-            ("2a26", configuration.firmwareRevision),
-        ]
-        for (index, (uuid, text)) in strings.enumerated() {
-            connection.export(path: Self.deviceInformationPath + "/char\(index)",
-                              interfaces: [readOnlyCharacteristic(uuid: "0000\(uuid)-0000-1000-8000-00805f9b34fb", service: Self.deviceInformationPath, value: Array(text.utf8))])
+        connection.export(path: GATTObjects.servicePath, interfaces: [GATTObjects.service(uuid: Self.serviceUUID)])
+        let handlers = GATTObjects.SerialHandlers(
+            notifying: { [weak self] in self?.notifying ?? false },
+            value: { [weak self] in self?.value ?? [] },
+            writeAcquired: { [weak self] in !(self?.writeSockets.isEmpty ?? true) },
+            notifyAcquired: { [weak self] in !(self?.notifySockets.isEmpty ?? true) },
+            writeValue: { [weak self] call in self?.writeValue(call) },
+            acquire: { [weak self] call, notify in self?.acquire(call, notify: notify) },
+            setNotifying: { [weak self] on in self?.setNotifying(on) }
+        )
+        let flags = GATTObjects.flags(security: configuration.security, writeWithoutResponse: configuration.writeWithoutResponse)
+        connection.export(path: Self.characteristicPath, interfaces: [GATTObjects.serialCharacteristic(flags: flags, acquireWrite: configuration.acquireWrite, handlers)])
+        for (path, interfaces) in GATTObjects.deviceInformation(manufacturer: configuration.manufacturer, model: configuration.model, firmware: configuration.firmwareRevision) {
+            connection.export(path: path, interfaces: interfaces)
         }
-        connection.export(path: Self.advertisementPath, interfaces: [advertisement()])
+        connection.export(path: Self.advertisementPath, interfaces: [GATTObjects.advertisement(name: configuration.name) { [weak self] in
+            self?.feed(.advertisementReleased)
+        }])
         if configuration.security == .authenticated {
-            connection.export(path: Self.agentPath, interfaces: [agent()])
+            connection.export(path: Self.agentPath, interfaces: [GATTObjects.agent(
+                show: { [weak self] device, passkey in self?.showPasskey(passkey, for: device) },
+                showing: { [weak self] in self?.pairing },
+                end: { [weak self] in self?.pairingEnded() },
+                released: { [weak self] in self?.feed(.agentReleased) }
+            )])
         }
     }
 
-    /// org.bluez.Agent1 for a board that can display but not type or confirm
-    /// (doc/org.bluez.Agent.rst). Requests for input are rejected.
-    private func agent() -> DBusInterface {
-        let agent = DBusInterface("org.bluez.Agent1")
-        agent.method("Release") { [weak self] call in
-            call.reply()
-            guard let self else { return }
-            // bluetoothd unregistered us (another default agent, or shutdown): register again on the next setup.
-            self.agentRegistered = false
-            self.endPairing()
-        }
-        agent.method("DisplayPasskey", in: "ouq") { [weak self] call in
-            defer { call.reply() }
-            guard let self, let device = call.arguments[0].stringValue, case .uint32(let passkey) = call.arguments[1] else { return }
-            // Called again as the central types each digit (`entered`); show it once.
-            guard self.pairing != device else { return }
-            self.showPasskey(String(format: "%06u", passkey), for: device)
-        }
-        agent.method("DisplayPinCode", in: "os") { [weak self] call in
-            defer { call.reply() }
-            guard let self, let device = call.arguments[0].stringValue, let pin = call.arguments[1].stringValue else { return }
-            self.showPasskey(pin, for: device)
-        }
-        agent.method("RequestConfirmation", in: "ou") { [weak self] call in
-            // Numeric comparison: the board cannot press "yes", so it shows
-            // the number and accepts; the user confirms on the central only
-            // when both match.
-            guard let self, let device = call.arguments[0].stringValue, case .uint32(let passkey) = call.arguments[1] else {
-                return call.fail("org.bluez.Error.Rejected", "bad arguments")
-            }
-            self.showPasskey(String(format: "%06u", passkey), for: device)
-            call.reply()
-        }
-        agent.method("RequestPinCode", in: "o", out: "s") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a PIN") }
-        agent.method("RequestPasskey", in: "o", out: "u") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a passkey") }
-        // Just Works is not MITM-protected: refuse it when authentication is required.
-        agent.method("RequestAuthorization", in: "o") { call in call.fail("org.bluez.Error.Rejected", "ble.security is authenticated: Just Works pairing refused") }
-        agent.method("AuthorizeService", in: "os") { call in call.reply() }
-        agent.method("Cancel") { [weak self] call in
-            self?.endPairing()
-            call.reply()
-        }
-        return agent
+    private func setNotifying(_ on: Bool) {
+        guard notifying != on else { return }
+        notifying = on
+        connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: ["Notifying"])
     }
 
     private func showPasskey(_ passkey: String, for device: String) {
@@ -604,133 +587,53 @@ public final class BLEPeripheral: @unchecked Sendable {
         handlers.passkey(device, passkey)
     }
 
-    private func endPairing() {
+    private func pairingEnded() {
         guard let device = pairing else { return }
         pairing = nil
         handlers.passkey(device, nil)
-    }
-
-    private func service(uuid: String) -> DBusInterface {
-        let service = DBusInterface("org.bluez.GattService1")
-        service.property("UUID", "s", get: { .string(uuid) })
-        service.property("Primary", "b", get: { .bool(true) })
-        return service
-    }
-
-    private func serialService() -> DBusInterface { service(uuid: Self.serviceUUID) }
-
-    private var characteristicFlags: [String] {
-        switch configuration.security {
-        case .open: return ["write", "write-without-response", "notify"]
-        // encrypt-notify / encrypt-authenticated-notify guard the CCC write
-        // (subscribing); BlueZ ≥ 5.62 knows them. Reads are refused anyway.
-        case .encrypted: return ["write", "write-without-response", "notify", "encrypt-write", "encrypt-notify"]
-        case .authenticated: return ["write", "write-without-response", "notify", "encrypt-authenticated-write", "encrypt-authenticated-notify"]
-        }
-    }
-
-    private func serialCharacteristic() -> DBusInterface {
-        let characteristic = DBusInterface("org.bluez.GattCharacteristic1")
-        let flags = characteristicFlags
-        characteristic.property("UUID", "s", get: { .string(Self.characteristicUUID) })
-        characteristic.property("Service", "o", get: { .objectPath(Self.servicePath) })
-        characteristic.property("Flags", "as", get: { .strings(flags) })
-        characteristic.property("Notifying", "b", get: { [weak self] in .bool(self?.notifying ?? false) })
-        characteristic.property("Value", "ay", get: { [weak self] in .bytes(self?.value ?? []) })
-        // BlueZ (and BlueZoo) try AcquireWrite only when the property exists.
-        if configuration.acquireWrite {
-            characteristic.property("WriteAcquired", "b", get: { [weak self] in .bool(!(self?.writeSockets.isEmpty ?? true)) })
-            characteristic.method("AcquireWrite", in: "a{sv}", out: "hq") { [weak self] call in self?.acquire(call, notify: false) }
-        }
-        characteristic.property("NotifyAcquired", "b", get: { [weak self] in .bool(!(self?.notifySockets.isEmpty ?? true)) })
-        characteristic.method("WriteValue", in: "aya{sv}") { [weak self] call in self?.writeValue(call) }
-        characteristic.method("AcquireNotify", in: "a{sv}", out: "hq") { [weak self] call in self?.acquire(call, notify: true) }
-        characteristic.method("StartNotify") { [weak self] call in
-            guard let self else { return call.fail("org.bluez.Error.Failed", "shutting down") }
-            if !self.notifying {
-                self.notifying = true
-                self.connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["Notifying"])
-            }
-            call.reply()
-        }
-        characteristic.method("StopNotify") { [weak self] call in
-            guard let self else { return call.fail("org.bluez.Error.Failed", "shutting down") }
-            if self.notifying {
-                self.notifying = false
-                self.connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["Notifying"])
-            }
-            call.reply()
-        }
-        characteristic.method("ReadValue", in: "a{sv}", out: "ay") { call in
-            call.fail("org.bluez.Error.NotPermitted", "FFE1 is write and notify only")
-        }
-        return characteristic
-    }
-
-    private func readOnlyCharacteristic(uuid: String, service: String, value: [UInt8]) -> DBusInterface {
-        let characteristic = DBusInterface("org.bluez.GattCharacteristic1")
-        characteristic.property("UUID", "s", get: { .string(uuid) })
-        characteristic.property("Service", "o", get: { .objectPath(service) })
-        characteristic.property("Flags", "as", get: { .strings(["read"]) })
-        characteristic.method("ReadValue", in: "a{sv}", out: "ay") { call in
-            let offset = call.arguments.first?.dictionaryValue?["offset"]?.integerValue ?? 0
-            guard offset <= value.count else { return call.fail("org.bluez.Error.InvalidOffset", "offset \(offset) past \(value.count) bytes") }
-            call.reply([.bytes(Array(value[offset...]))])
-        }
-        return characteristic
-    }
-
-    private func advertisement() -> DBusInterface {
-        let advertisement = DBusInterface("org.bluez.LEAdvertisement1")
-        let name = configuration.name
-        advertisement.property("Type", "s", get: { .string("peripheral") })
-        advertisement.property("ServiceUUIDs", "as", get: { .strings([Self.serviceUUID]) })
-        advertisement.property("LocalName", "s", get: { .string(name) })
-        // BlueZoo (and some scanners' filters) want an explicitly discoverable advertisement.
-        advertisement.property("Discoverable", "b", get: { .bool(true) })
-        advertisement.method("Release") { [weak self] call in
-            call.reply()
-            guard let self, self.advertisementRegistered else { return }
-            // BlueZ dropped it without being asked (adapter reset): register again.
-            self.advertisementRegistered = false
-            self.logger.notice("BlueZ released the advertisement; registering it again")
-            self.retry(after: .milliseconds(200)) { [weak self] in self?.setup() }
-        }
-        return advertisement
     }
 
     // MARK: Writes
 
     private func writeValue(_ call: DBusMethodCall) {
         guard let bytes = call.arguments.first?.byteArray else { return call.fail("org.bluez.Error.InvalidArguments", "WriteValue takes (aya{sv})") }
+        guard bytes.count <= Self.maximumWriteLength else {
+            statistics.oversized += 1
+            publish()
+            return call.fail("org.bluez.Error.InvalidValueLength", "\(bytes.count) bytes: an ATT value is at most \(Self.maximumWriteLength)")
+        }
         let options = call.arguments.count > 1 ? call.arguments[1].dictionaryValue ?? [:] : [:]
-        let central = options["device"]?.stringValue ?? "unknown"
         // BlueZ 5.66 sends no `type`; without it the write may be a request,
         // and answering a command late costs nothing but a little time.
         let withResponse = options["type"]?.stringValue != "command"
-        guard allowed(central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
-        statistics.writes += 1
-        if centrals.insert(central).inserted {
-            logger.info("central \(central) writing")
-            publishStatistics()
-        }
-        if withResponse {
-            handlers.write(central, bytes, true) { error in
-                if let error { call.fail("org.bluez.Error.Failed", error) } else { call.reply() }
+        withConnectedDevice(options["device"]?.stringValue, call: call) { [weak self] device in
+            guard let self else { return }
+            let central = call.arguments.count > 1 ? (options["device"]?.stringValue ?? "") : ""
+            guard self.allowed(device, central: central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
+            self.statistics.writes += 1
+            if self.centrals.insert(central).inserted {
+                self.logger.info("central \(central) (\(device.address)) writing")
+                self.publish()
             }
-        } else {
-            // BlueZ still waits for the D-Bus reply of a command; it costs no ATT traffic.
-            handlers.write(central, bytes, false) { _ in }
-            call.reply()
+            if withResponse {
+                self.handlers.write(central, bytes, true) { error in
+                    if let error { call.fail("org.bluez.Error.Failed", error) } else { call.reply() }
+                }
+            } else {
+                // BlueZ still waits for the D-Bus reply of a command; it costs no ATT traffic.
+                self.handlers.write(central, bytes, false) { _ in }
+                call.reply()
+            }
         }
     }
 
-    /// Checks ble.allow, counting and logging a refusal.
-    private func allowed(_ central: String) -> Bool {
-        guard !configuration.allow.isEmpty, !configuration.allow.contains(Self.address(of: central)) else { return true }
+    /// Checks ble.allow against the address bluetoothd reports, counting
+    /// and logging a refusal.
+    private func allowed(_ device: Device, central: String) -> Bool {
+        guard !configuration.allow.isEmpty, !configuration.allow.contains(device.address) else { return true }
         statistics.refused += 1
-        publishStatistics()
-        logger.notice("write from \(central) refused: not in ble.allow")
+        publish()
+        logger.notice("write from \(central) (\(device.address)) refused: not in ble.allow")
         return false
     }
 
@@ -741,74 +644,83 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// (BlueZ acquires again after a reconnect or an MTU change).
     private func acquire(_ call: DBusMethodCall, notify: Bool) {
         let options = call.arguments.first?.dictionaryValue ?? [:]
-        let central = options["device"]?.stringValue ?? "unknown"
+        let central = options["device"]?.stringValue
         // 23 is the LE default ATT_MTU (Core 5.3 Vol 3 Part F 3.2.8).
         let mtu = min(max(options["mtu"]?.integerValue ?? 23, 23), 517)
-        if !notify {
-            guard allowed(central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
-        }
-        guard let (socket, remote) = AcquiredSocket.pair(central: central, mtu: mtu) else {
-            return call.fail("org.bluez.Error.Failed", "socketpair: \(String(cString: strerror(errno)))")
-        }
-        let name = notify ? "NotifyAcquired" : "WriteAcquired"
-        let wasAcquired = notify ? !notifySockets.isEmpty : !writeSockets.isEmpty
-        let old = notify ? notifySockets.updateValue(socket, forKey: central) : writeSockets.updateValue(socket, forKey: central)
-        old?.close()
-        socket.start(name: notify ? "blecontrol-ble-ntf" : "blecontrol-ble-wr", received: { [weak self] bytes in
-            // BlueZ writes nothing into a notify socket (indications only confirm there).
-            guard let self, !notify else { return }
-            self.thread.execute { [weak self] in self?.acquiredWrite(bytes, from: socket) }
-        }, ended: { [weak self] in
-            guard let self else { return }
-            self.thread.execute { [weak self] in self?.acquiredEnded(socket, notify: notify) }
-        })
-        call.reply([.unixFD(remote), .uint16(UInt16(mtu))])
-        // libdbus duplicated the descriptor into the reply; BlueZ owns that copy.
-        close(remote)
-        logger.info("\(notify ? "AcquireNotify" : "AcquireWrite") from \(central) (MTU \(mtu))")
-        if !notify, centrals.insert(central).inserted { publishStatistics() }
-        if !wasAcquired {
-            connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: [name])
+        withConnectedDevice(central, call: call) { [weak self] device in
+            guard let self, let central else { return }
+            if !notify {
+                guard self.allowed(device, central: central) else { return call.fail("org.bluez.Error.NotAuthorized", "not in the allow-list") }
+            }
+            guard let (socket, remote) = AcquiredSocket.pair(central: central, mtu: mtu, loop: self.loop) else {
+                return call.fail("org.bluez.Error.Failed", "socketpair: \(String(cString: strerror(errno)))")
+            }
+            let name = notify ? "NotifyAcquired" : "WriteAcquired"
+            let wasAcquired = notify ? !self.notifySockets.isEmpty : !self.writeSockets.isEmpty
+            let old = notify ? self.notifySockets.updateValue(socket, forKey: central) : self.writeSockets.updateValue(socket, forKey: central)
+            old?.close()
+            do {
+                try socket.start(received: { [weak self, weak socket] bytes in
+                    // BlueZ writes nothing into a notify socket (indications only confirm there).
+                    guard let self, let socket, !notify else { return }
+                    self.statistics.writes += 1
+                    self.publish()
+                    self.handlers.write(socket.central, bytes, false) { _ in }
+                }, ended: { [weak self, weak socket] in
+                    guard let self, let socket else { return }
+                    self.acquiredEnded(socket, notify: notify)
+                })
+            } catch {
+                socket.close()
+                close(remote)
+                return call.fail("org.bluez.Error.Failed", "\(error)")
+            }
+            call.reply([.unixFD(remote), .uint16(UInt16(mtu))])
+            // libdbus duplicated the descriptor into the reply; BlueZ owns that copy.
+            close(remote)
+            self.logger.info("\(notify ? "AcquireNotify" : "AcquireWrite") from \(central) (MTU \(mtu))")
+            if !notify, self.centrals.insert(central).inserted { self.publish() }
+            if !wasAcquired {
+                self.connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: [name])
+            }
         }
     }
 
-    private func acquiredWrite(_ bytes: [UInt8], from socket: AcquiredSocket) {
-        statistics.writes += 1
-        publishStatistics()
-        handlers.write(socket.central, bytes, false) { _ in }
-    }
-
-    /// BlueZ closed its end (or we did): the acquisition ends, not the
-    /// session — that ends on Device1 Connected=false.
+    /// BlueZ closed its end: the acquisition ends, not the session — that
+    /// ends on Device1 Connected=false.
     private func acquiredEnded(_ socket: AcquiredSocket, notify: Bool) {
-        if notify {
-            guard notifySockets[socket.central] === socket else { return }
-            notifySockets[socket.central] = nil
-            if notifySockets.isEmpty { connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["NotifyAcquired"]) }
-        } else {
-            guard writeSockets[socket.central] === socket else { return }
-            writeSockets[socket.central] = nil
-            if writeSockets.isEmpty { connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: "org.bluez.GattCharacteristic1", names: ["WriteAcquired"]) }
+        var sockets = notify ? notifySockets : writeSockets
+        guard sockets[socket.central] === socket else { return }
+        sockets[socket.central] = nil
+        if notify { notifySockets = sockets } else { writeSockets = sockets }
+        if sockets.isEmpty {
+            connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: [notify ? "NotifyAcquired" : "WriteAcquired"])
         }
         logger.info("\(notify ? "acquired notify" : "acquired write") of \(socket.central) released")
     }
 
-    /// Closes the sockets of `central` (nil: all); their readers report the end.
+    /// Closes the sockets of `central` (nil: all).
     private func closeAcquired(for central: String?) {
-        for (key, socket) in writeSockets where central == nil || key == central { socket.close() }
-        for (key, socket) in notifySockets where central == nil || key == central { socket.close() }
+        for (key, socket) in writeSockets where central == nil || key == central {
+            socket.close()
+            writeSockets[key] = nil
+        }
+        for (key, socket) in notifySockets where central == nil || key == central {
+            socket.close()
+            notifySockets[key] = nil
+        }
     }
 
     /// `AA:BB:CC:DD:EE:FF` from `/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF`.
     static func address(of devicePath: String) -> String {
         guard let last = devicePath.split(separator: "/").last, last.hasPrefix("dev_") else { return devicePath }
-        return last.dropFirst(4).replacingOccurrences(of: "_", with: ":").uppercased()
+        return String(last.dropFirst(4).map { $0 == "_" ? ":" : $0 }).uppercased()
     }
 
     // MARK: State
 
-    private func setState(_ text: String) {
-        lock.withLock { stateText = text }
+    private func setDetail(_ text: String) {
+        detail = text
         if text != lastLogged {
             lastLogged = text
             if text == "advertising" {
@@ -819,12 +731,32 @@ public final class BLEPeripheral: @unchecked Sendable {
         }
     }
 
-    private func publishStatistics() {
-        let statistics = self.statistics
-        let count = centrals.count
-        lock.withLock {
-            statisticsCopy = statistics
-            centralCount = count
+    private func publish() {
+        let state: State
+        switch registration.phase {
+        case .stopped: state = .stopped
+        case .advertising: state = .advertising
+        case .connectingBus, .waitingForBlueZ, .waitingForAdapter, .adapterOff: state = .unavailable(detail)
+        default: state = .starting(detail)
         }
+        var statistics = self.statistics
+        statistics.registrations = registration.registrations
+        let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics)
+        statusLock.withLock { published = snapshot }
+    }
+}
+
+/// Counts replies down to zero on one loop, then runs `done` once.
+private final class Countdown: @unchecked Sendable {
+    // Loop-confined: ticked only by replies on the D-Bus loop.
+    private var remaining: Int
+    private let done: () -> Void
+    init(_ count: Int, done: @escaping () -> Void) {
+        remaining = count
+        self.done = done
+    }
+    func tick() {
+        remaining -= 1
+        if remaining == 0 { done() }
     }
 }

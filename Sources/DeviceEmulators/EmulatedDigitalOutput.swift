@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 
 /// An in-process output line (the simulator's status LED): records its
@@ -7,7 +7,7 @@ public final class EmulatedDigitalOutput: DigitalOutput, @unchecked Sendable {
     /// The name used in errors, like a GPIO line name.
     public let name: String
 
-    private let lock = NSLock()
+    private let lock = Lock()
     private var level = false
     private var changes = 0
     private var writes = 0

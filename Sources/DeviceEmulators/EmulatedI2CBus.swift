@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 
 /// A device that can sit on an ``EmulatedI2CBus``.
@@ -43,7 +43,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
         public var error: I2CError.Kind?
     }
 
-    private let lock = NSLock()
+    private let lock = Lock()
     private var devices: [I2CAddress: any EmulatedI2CDevice] = [:]
     private var faults: [I2CAddress: (fault: Fault, remaining: Int?, until: ContinuousClock.Instant?)] = [:]
     private var recording = false
@@ -120,7 +120,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
         if let until = lock.withLock({ stallDeadline(at: address) }) {
             // Outside the lock: the test (or status) must still see the bus.
             let now = ContinuousClock.now
-            if until > now { Thread.sleep(forTimeInterval: now.duration(to: until).inSeconds) }
+            if until > now { sleepThread(now.duration(to: until)) }
             throw I2CError(.timeout, address: address, context: "bus stalled")
         }
         return try lock.withLock {
@@ -156,7 +156,7 @@ public final class EmulatedI2CBus: I2CBus, @unchecked Sendable {
             device.stop()
             record(address, messages, nil)
             if byteTime > .zero {
-                Thread.sleep(forTimeInterval: (byteTime * byteCount).inSeconds)
+                sleepThread(byteTime * byteCount)
             }
             return replies
         }

@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 
 /// A pin-level model of the Hitachi HD44780U LCD controller (datasheet
 /// ADE-207-272(Z); figure and table numbers refer to it), written as a test
@@ -96,7 +96,7 @@ public final class HD44780Emulator: @unchecked Sendable {
     public let rows: Int
 
     private let timing: Timing?
-    private let lock = NSLock()
+    private let lock = Lock()
     private var state: ChipState
     /// Pin levels after the last update; `nil` right after power-on.
     private var pins: Pins?

@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 
 /// A character LCD module with a PCF8574 I2C backpack: the expander's port

@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 
 /// A register-accurate NXP PCA9685 16-channel, 12-bit PWM controller, as seen
@@ -88,7 +88,7 @@ public final class PCA9685Emulator: EmulatedI2CDevice, @unchecked Sendable {
     private static let minimumPrescale: UInt8 = 3
     private static let ledRegisterCount = channelCount * 4
 
-    private let lock = NSLock()
+    private let lock = Lock()
     private let oscillator: Hertz
     /// The register file as the bus reads it back; write-only and reserved
     /// addresses stay 0.

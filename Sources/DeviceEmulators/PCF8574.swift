@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 
 /// An emulated PCF8574 remote 8-bit I/O expander.
@@ -14,7 +14,7 @@ import Hardware
 /// when something outside pulls it down; a pin written low reads low. At
 /// power-on all pins are high (NXP §8.1).
 public final class PCF8574: EmulatedI2CDevice, @unchecked Sendable {
-    private let lock = NSLock()
+    private let lock = Lock()
     private var latch: UInt8 = 0xFF
     private var writes = 0
     private var pulledLow: UInt8 = 0

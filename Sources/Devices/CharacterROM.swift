@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 
 /// Text ↔ character codes of the HD44780U character generator ROM, code
 /// A00 (the "Japanese standard font" fitted to nearly every module sold):
@@ -103,11 +103,24 @@ public enum CharacterROM {
     /// The ASCII base letter of a Latin letter with diacritics, if that is
     /// all it is.
     private static func folded(_ character: Character) -> UInt8? {
-        let decomposed = String(character).decomposedStringWithCanonicalMapping.unicodeScalars
-        guard let base = decomposed.first, decomposed.count > 1,
-              base.value >= 0x21, base.value <= 0x7D, base.value != 0x5C,
-              decomposed.dropFirst().allSatisfy({ $0.properties.generalCategory == .nonspacingMark })
-        else { return nil }
+        let scalars = Array(character.unicodeScalars)
+        let base: Unicode.Scalar
+        if scalars.count > 1 {
+            // Already decomposed: a base letter and combining marks.
+            guard scalars.dropFirst().allSatisfy({ $0.properties.generalCategory == .nonspacingMark }) else { return nil }
+            base = scalars[0]
+        } else if let name = scalars.first?.properties.name {
+            // Precomposed: the Unicode name says "LATIN SMALL LETTER E WITH
+            // ACUTE"; the letter before WITH is the base (no normalisation
+            // tables needed, and the stdlib has every name).
+            let words = name.split(separator: " ")
+            guard words.count > 5, words[0] == "LATIN", words[2] == "LETTER", words[4] == "WITH", words[3].count == 1,
+                  let letter = words[3].unicodeScalars.first, letter.isASCII else { return nil }
+            base = words[1] == "SMALL" ? Unicode.Scalar(letter.value | 0x20)! : letter
+        } else {
+            return nil
+        }
+        guard base.value >= 0x21, base.value <= 0x7D, base.value != 0x5C else { return nil }
         return UInt8(base.value)
     }
 

@@ -1,10 +1,11 @@
-import Foundation
+import Reactor
 import Hardware
 import Logging
 
-/// Driver for an HD44780-compatible character LCD in 4-bit mode behind a
-/// PCF8574 I2C backpack (Hitachi HD44780U datasheet, "ADE-207-272(Z)";
-/// figure and table numbers refer to it), written only against ``I2CBus``.
+/// Driver for an HD44780-compatible character LCD in 4-bit mode (Hitachi
+/// HD44780U datasheet, "ADE-207-272(Z)"; figure and table numbers refer to
+/// it), written only against ``HD44780Interface``: a PCF8574 I2C backpack
+/// (``PCF8574Interface``) or any other 4-bit wiring.
 ///
 /// The driver keeps two images of the display: what the caller wants
 /// (``setLine(_:codes:)``, ``clear()``: no I/O) and what it knows the LCD
@@ -34,11 +35,11 @@ public final class HD44780: @unchecked Sendable {
     }
 
     public let geometry: LCDGeometry
-    public let backpack: PCF8574Backpack
+    /// How the LCD's pins are driven.
+    public let interface: any HD44780Interface
     /// The most characters one bus transaction carries.
     public let charactersPerTransaction: Int
 
-    private let bus: any I2CBus
     private let sleep: @Sendable (Duration) -> Void
     private let logger: Logger
 
@@ -85,23 +86,20 @@ public final class HD44780: @unchecked Sendable {
     static let clearWait = Duration.milliseconds(3)
 
     /// - Parameters:
-    ///   - bus: the bus the backpack is on.
-    ///   - backpack: its address and wiring.
+    ///   - interface: how the LCD's pins are driven.
     ///   - geometry: the module's size; checked by ``initialize()``.
     ///   - charactersPerTransaction: the most characters per bus transaction
     ///     (at least 1); bounds how long the bus is held.
     ///   - logger: for diagnostics.
     ///   - sleep: blocks the calling thread; replaced by tests.
     public init(
-        bus: any I2CBus,
-        backpack: PCF8574Backpack,
+        interface: any HD44780Interface,
         geometry: LCDGeometry,
         charactersPerTransaction: Int = 8,
         logger: Logger,
         sleep: @escaping @Sendable (Duration) -> Void = threadSleep
     ) {
-        self.bus = bus
-        self.backpack = backpack
+        self.interface = interface
         self.geometry = geometry
         self.charactersPerTransaction = max(charactersPerTransaction, 1)
         self.logger = logger
@@ -118,6 +116,19 @@ public final class HD44780: @unchecked Sendable {
         }
         cellAddresses = addresses
         writeOrder = addresses.indices.sorted { addresses[$0] < addresses[$1] }
+    }
+
+    /// The common wiring: a PCF8574 backpack on `bus`.
+    public convenience init(
+        bus: any I2CBus,
+        backpack: PCF8574Backpack,
+        geometry: LCDGeometry,
+        charactersPerTransaction: Int = 8,
+        logger: Logger,
+        sleep: @escaping @Sendable (Duration) -> Void = threadSleep
+    ) {
+        self.init(interface: PCF8574Interface(bus: bus, backpack: backpack), geometry: geometry,
+                  charactersPerTransaction: charactersPerTransaction, logger: logger, sleep: sleep)
     }
 
 
@@ -137,7 +148,7 @@ public final class HD44780: @unchecked Sendable {
     public func initialize() throws {
         do {
             try geometry.validate()
-            try backpack.pinMap.validate()
+            try interface.validate()
         } catch {
             throw Failure.invalidConfiguration("\(error)")
         }
@@ -150,7 +161,9 @@ public final class HD44780: @unchecked Sendable {
         // At power-on the expander drives every pin high (NXP PCF8574 §8.1),
         // E and RW included. Drop them first, which also finds out whether
         // the backpack answers, then give the LCD its power-on time.
-        try transmit([backpack.idle(backlight: true)])
+        var idle: [UInt8] = []
+        interface.appendIdle(backlight: true, to: &idle)
+        try transmit(idle)
         sleep(Self.powerOnWait)
         // Figure 24 goes on with display off and clear before entry mode.
         try synchronize(then: [Self.displayOff, Self.clearDisplay])
@@ -165,7 +178,7 @@ public final class HD44780: @unchecked Sendable {
         cursor = 0
         shownBacklight = true
         state = .ready
-        logger.debug("HD44780 \(geometry) at \(backpack.address) initialised")
+        logger.debug("HD44780 \(geometry) on \(interface) initialised")
     }
 
     /// The three function sets with 8-bit data, then 4-bit, then the real
@@ -299,7 +312,9 @@ public final class HD44780: @unchecked Sendable {
         }
         if transactions < limit, shownBacklight != wantedBacklight {
             // Nothing else to write: a lone port byte switches the backlight.
-            transactions += try transmit([backpack.idle(backlight: wantedBacklight)])
+            var idle: [UInt8] = []
+            interface.appendIdle(backlight: wantedBacklight, to: &idle)
+            transactions += try transmit(idle)
             shownBacklight = wantedBacklight
         }
         return (transactions, !hasPendingChanges)
@@ -325,8 +340,8 @@ public final class HD44780: @unchecked Sendable {
     /// at 400 kHz).
     private func nextChunk() -> Chunk? {
         var unitLimit = charactersPerTransaction + 1
-        if let maxWrite = bus.maxWriteLength {
-            unitLimit = min(unitLimit, max(maxWrite / 4, 1))
+        if let maxWrite = interface.maxTransactionBytes {
+            unitLimit = min(unitLimit, max(maxWrite / (2 * interface.bytesPerNibble), 1))
         }
         var chunk = Chunk()
         var units = 0
@@ -351,7 +366,7 @@ public final class HD44780: @unchecked Sendable {
             if needsAddress {
                 appendInstruction(Self.setDDRAMAddress | address, to: &chunk.bytes)
             }
-            backpack.appendByte(code, rs: true, backlight: wantedBacklight, to: &chunk.bytes)
+            interface.appendByte(code, rs: true, backlight: wantedBacklight, to: &chunk.bytes)
             chunk.cells.append((index, code))
             units += cost
             position = nextAddress(after: address)
@@ -421,31 +436,23 @@ public final class HD44780: @unchecked Sendable {
     // MARK: Bus
 
     private func strobeBytes(_ nibble: UInt8, rs: Bool) -> [UInt8] {
-        let pair = backpack.strobe(nibble, rs: rs, backlight: wantedBacklight)
-        return [pair.0, pair.1]
+        var bytes: [UInt8] = []
+        interface.appendNibble(nibble, rs: rs, backlight: wantedBacklight, to: &bytes)
+        return bytes
     }
 
     private func appendInstruction(_ instruction: UInt8, to bytes: inout [UInt8]) {
-        backpack.appendByte(instruction, rs: false, backlight: wantedBacklight, to: &bytes)
+        interface.appendByte(instruction, rs: false, backlight: wantedBacklight, to: &bytes)
     }
 
-    /// Writes `bytes` as one transaction, or as several when the adapter
-    /// limits the length of a write (`maxWriteLength`, SMBus-only adapters).
-    /// Splitting anywhere is harmless: the PCF8574 latches byte by byte, and
-    /// the LCD cares only about the order of the pin changes. Any failure
-    /// leaves the LCD in an unknown interface state.
+    /// Writes `bytes` through the interface (one transaction, or several
+    /// when the transport limits their length). Any failure leaves the LCD
+    /// in an unknown interface state.
     @discardableResult
     private func transmit(_ bytes: [UInt8]) throws -> Int {
-        let step = max(bus.maxWriteLength ?? bytes.count, 1)
-        var transactions = 0
-        var start = 0
+        let transactions: Int
         do {
-            while start < bytes.count {
-                let end = min(start + step, bytes.count)
-                try bus.write(Array(bytes[start..<end]), to: backpack.address)
-                transactions += 1
-                start = end
-            }
+            transactions = try interface.send(bytes)
         } catch {
             if state == .ready { state = .needsResync }
             cursor = nil

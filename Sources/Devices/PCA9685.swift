@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 import Logging
 

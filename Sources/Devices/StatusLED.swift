@@ -1,4 +1,4 @@
-import Foundation
+import Reactor
 import Hardware
 import Logging
 
@@ -53,7 +53,7 @@ public final class StatusLED: @unchecked Sendable {
 
     private let output: any DigitalOutput
     private let logger: Logger
-    private let lock = NSLock()
+    private let lock = Lock()
     private var current = Pattern.off
     /// When the current pattern's first period began; `nil` until the first
     /// update after a change.

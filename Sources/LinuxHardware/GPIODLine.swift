@@ -1,5 +1,5 @@
 import CGPIOD
-import Foundation
+import Reactor
 import Hardware
 #if canImport(Glibc)
 import Glibc
@@ -75,7 +75,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
     /// The consumer label the line is held under.
     public let consumer: String
 
-    private let lock = NSLock()
+    private let lock = Lock()
     /// Guarded by `lock`; `nil` once closed.
     private var handle: OpaquePointer?
 
@@ -183,7 +183,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
 
     /// The device node for a chip argument, or `nil` for "search all chips".
     static func chipPath(for chip: String) -> String? {
-        let chip = chip.trimmingCharacters(in: .whitespaces)
+        let chip = chip.trimmed
         if chip.isEmpty { return nil }
         if chip.hasPrefix("/") { return chip }
         if chip.allSatisfy(\.isNumber) { return "/dev/gpiochip\(chip)" }
@@ -192,12 +192,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
 
     /// The `gpiochipN` nodes in `directory`, in numeric order.
     static func chipPaths(in directory: String) -> [String] {
-        let entries: [String]
-        do {
-            entries = try FileManager.default.contentsOfDirectory(atPath: directory)
-        } catch {
-            return []
-        }
+        let entries = Files.list(directory)
         return entries.compactMap { entry -> (Int, String)? in
             guard entry.hasPrefix("gpiochip"), let number = Int(entry.dropFirst(8)) else { return nil }
             return (number, "\(directory)/\(entry)")

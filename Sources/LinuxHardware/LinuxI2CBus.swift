@@ -1,5 +1,5 @@
 import CLinuxI2C
-import Foundation
+import Reactor
 import Hardware
 import Logging
 #if canImport(Glibc)
@@ -71,7 +71,7 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
 
     private let fd: Int32
     private let logger: Logger
-    private let lock = NSLock()
+    private let lock = Lock()
     /// Guarded by `lock`.
     private var styles: [I2CAddress: SMBusWriteStyle] = [:]
     /// The address i2c-dev's `I2C_SLAVE` last pointed SMBus calls at; guarded by `lock`.
@@ -347,20 +347,14 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
     }
 
     static func findAdapter(named name: String, sysfsDevices: String, deviceDirectory: String) -> String? {
-        let entries: [String]
-        do {
-            entries = try FileManager.default.contentsOfDirectory(atPath: sysfsDevices)
-        } catch {
-            return nil
-        }
+        let entries = Files.list(sysfsDevices)
         let adapters = entries.compactMap { entry -> (Int, String)? in
             guard entry.hasPrefix("i2c-"), let number = Int(entry.dropFirst(4)) else { return nil }
             return (number, entry)
         }.sorted { $0.0 < $1.0 }
         for (_, entry) in adapters {
-            guard let data = FileManager.default.contents(atPath: "\(sysfsDevices)/\(entry)/name"),
-                  let text = String(data: data, encoding: .utf8) else { continue }
-            if text.trimmingCharacters(in: .whitespacesAndNewlines) == name {
+            guard let text = Files.text("\(sysfsDevices)/\(entry)/name", limit: 4096) else { continue }
+            if text.trimmed == name {
                 return "\(deviceDirectory)/\(entry)"
             }
         }
@@ -377,8 +371,7 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
     }
 
     private static func sleep(_ duration: Duration) {
-        let seconds = duration.inSeconds
-        if seconds > 0 { Thread.sleep(forTimeInterval: seconds) }
+        sleepThread(duration)
     }
 }
 

@@ -1,6 +1,7 @@
 import BLEControlProtocol
 import DeviceEmulators
 import Devices
+import Board
 import Firmware
 import Foundation
 import Hardware
@@ -83,9 +84,9 @@ func startSimulator(flushBudget: Int = 4) throws -> BoardRuntime {
     logger.logLevel = .critical
     let yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
     let configuration = try BoardFile.parse(yaml, path: EmbeddedBoards.simulatorPath)
-    let runtime = try BoardRuntime(configuration: configuration, logger: logger)
     let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
-    try runtime.start(controlSocketPath: socket, tcpOverride: ("127.0.0.1", 0))
+    let runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socket)
+    try runtime.start(tcpOverride: ("127.0.0.1", 0))
     return runtime
 }
 
@@ -103,7 +104,7 @@ func benchmarkLatency(frames: Int) throws {
     // servo section shows what pacing adds.
     let runtime = try startSimulator(flushBudget: 0)
     defer { runtime.stop() }
-    guard let chip = runtime.emulators?.pca9685, let port = runtime.tcpPort else { fatalError("the simulator board has no emulated PCA9685 or TCP port") }
+    guard let chip = runtime.emulators?.pca9685.first, let port = runtime.tcpPort else { fatalError("the simulator board has no emulated PCA9685 or TCP port") }
     let central = try LoopbackTCPClient(port: port)
     try central.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
 
@@ -177,7 +178,7 @@ func benchmarkWritesPerFlush() throws {
     // Through the daemon: 8 SERVO_VAL frames in one TCP write.
     let runtime = try startSimulator()
     defer { runtime.stop() }
-    guard let emulated = runtime.emulators?.pca9685, let port = runtime.tcpPort else { return }
+    guard let emulated = runtime.emulators?.pca9685.first, let port = runtime.tcpPort else { return }
     let central = try LoopbackTCPClient(port: port)
     var enable: [UInt8] = []
     for channel in 0..<8 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
@@ -249,9 +250,9 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
     logger.logLevel = .critical
     var yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
     if realtime { yaml = yaml.replacingOccurrences(of: "  priority: 0", with: "  priority: 50") }
-    let runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "bench.yaml"), logger: logger)
     let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
-    try runtime.start(controlSocketPath: socket, tcpOverride: ("127.0.0.1", 0))
+    let runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "bench.yaml"), logger: logger, controlSocketPath: socket)
+    try runtime.start(tcpOverride: ("127.0.0.1", 0))
     defer { runtime.stop() }
     let port = runtime.tcpPort!
     let central = try LoopbackTCPClient(port: port)

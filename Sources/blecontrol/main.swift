@@ -1,56 +1,33 @@
-import ArgumentParser
-import BLEControlProtocol
-import Firmware
-import Foundation
-
 #if canImport(Glibc)
 import Glibc
 #endif
+import Arguments
+import BLEControlProtocol
+import Control
+import Reactor
 
-/// `blecontrol`: talk to a running `blecontrold` through its control socket.
-struct BLEControlCLI: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "blecontrol",
-        abstract: "Drive and inspect a running blecontrold.",
-        discussion: """
-        Frames go through the daemon's control socket as one session, exactly as a \
-        central's would: the same dispatcher, the same ERROR replies. The socket is \
-        --socket, else $BLECONTROL_SOCKET, else /run/blecontrol/control.sock if it \
-        exists, else the simulator's /tmp/blecontrol-simulator.sock.
-        """,
-        version: BLEControlVersion.string,
-        subcommands: [Status.self, Servo.self, PWM.self, Enable.self, LCD.self, Clear.self, Init.self, Send.self, Watch.self, Doctor.self]
-    )
-}
+/// `blecontrol`: drive and inspect a running `blecontrold`.
+let socketOption = Command.Option("socket", value: "PATH", help: "The daemon's control socket.")
 
-struct ConnectionOptions: ParsableArguments {
-    @Option(name: .long, help: "The daemon's control socket.")
-    var socket: String?
-
-    func connect() throws -> ControlClient {
-        do {
-            return try ControlClient(path: socket ?? ControlClient.defaultPath())
-        } catch {
-            throw CLIError("\(error)")
-        }
+/// The control client for `--socket` (or the default path).
+func connect(_ arguments: Parsed) throws -> ControlClient {
+    do {
+        return try ControlClient(path: arguments.option("socket") ?? ControlClient.defaultPath())
+    } catch {
+        throw ExitFailure("\(error)")
     }
-}
-
-/// A failure the user should read, printed without a stack of prefixes.
-struct CLIError: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
 }
 
 /// Sends frames and reports any ERROR reply; exit status 1 when the board
 /// refused a frame.
-func sendFrames(_ bytes: [UInt8], options: ConnectionOptions) throws {
-    let client = try options.connect()
+func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
     let replies: [UInt8]
     do {
-        replies = try client.send(bytes)
+        replies = try connect(arguments).send(bytes)
+    } catch let failure as ExitFailure {
+        throw failure
     } catch {
-        throw CLIError("\(error)")
+        throw ExitFailure("\(error)")
     }
     var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
     var refused = false
@@ -65,174 +42,142 @@ func sendFrames(_ bytes: [UInt8], options: ConnectionOptions) throws {
             print("board sent an undecodable reply: \(error)")
         }
     }
-    if refused { throw ExitCode(1) }
+    if refused { throw ExitFailure.silent(1) }
 }
 
-extension BLEControlCLI {
-    struct Status: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Show outputs, display, LED, sessions and counters.")
-        @OptionGroup var options: ConnectionOptions
-        @Flag(name: .long, help: "One JSON object (snake_case keys), for scripts and tests.")
-        var json = false
+func number<T: FixedWidthInteger>(_ text: String, _ name: String, _ type: T.Type) throws -> T {
+    guard let value = T(text) else { throw UsageError("<\(name)> must be a whole number \(T.min)…\(T.max), got \(text)") }
+    return value
+}
 
-        func run() throws {
-            let status: StatusReport
-            do {
-                status = try options.connect().status()
-            } catch let error as CLIError {
-                throw error
-            } catch {
-                throw CLIError("\(error)")
-            }
-            if json {
-                let encoder = ControlProtocol.encoder()
-                encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-                print(String(decoding: try encoder.encode(status), as: UTF8.self))
-            } else {
-                print(StatusText.render(status), terminator: "")
-            }
-        }
-    }
-
-    struct Servo: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH.")
-        @OptionGroup var options: ConnectionOptions
-        @Argument(help: "Channel 0…255.") var channel: UInt8
-        @Argument(help: "Value 0…65535 (0…1000 is the 1000…2000 µs servo range).") var value: UInt16
-        func run() throws { try sendFrames(FrameEncoder.encode(.servo(channel: channel, value: value)), options: options) }
-    }
-
-    struct PWM: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH.")
-        @OptionGroup var options: ConnectionOptions
-        @Argument(help: "Channel 0…255.") var channel: UInt8
-        @Argument(help: "Value 0…1000 (per mille).") var value: UInt16
-        func run() throws { try sendFrames(FrameEncoder.encode(.pwm(channel: channel, value: value)), options: options) }
-    }
-
-    struct Enable: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "ANALOG_OUT_EN: start or stop a channel's output.")
-        @OptionGroup var options: ConnectionOptions
-        @Argument(help: "Channel 0…255.") var channel: UInt8
-        @Argument(help: "on or off.") var state: OnOff
-        func run() throws { try sendFrames(FrameEncoder.encode(.enable(channel: channel, on: state == .on)), options: options) }
-    }
-
-    enum OnOff: String, ExpressibleByArgument {
-        case on, off
-    }
-
-    struct LCD: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "lcd", abstract: "LCD_TEXT: show TEXT on LINE.")
-        @OptionGroup var options: ConnectionOptions
-        @Argument(help: "Line 0…255 (0 is the top line).") var line: UInt8
-        @Argument(help: "Text (UTF-8; cut at the display width by the board).") var text: String
-        func validate() throws {
-            if text.utf8.count > Message.maximumTextLength {
-                throw ValidationError("the text is \(text.utf8.count) bytes; a frame carries at most \(Message.maximumTextLength)")
-            }
-        }
-        func run() throws { try sendFrames(FrameEncoder.encode(.lcdText(line: line, text: Array(text.utf8))), options: options) }
-    }
-
-    struct Clear: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "LCD_CLEAR: blank the display.")
-        @OptionGroup var options: ConnectionOptions
-        func run() throws { try sendFrames(FrameEncoder.encode(.lcdClear), options: options) }
-    }
-
-    struct Init: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "INIT: the handshake a central sends after connecting.")
-        @OptionGroup var options: ConnectionOptions
-        func run() throws { try sendFrames(FrameEncoder.encode(.initialize), options: options) }
-    }
-
-    struct Send: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Send raw bytes, e.g. `send 02 03 00 01 f4` or `send 020300:01f4`.")
-        @OptionGroup var options: ConnectionOptions
-        @Argument(parsing: .remaining, help: "Hex bytes; spaces, colons and 0x prefixes are ignored.") var hex: [String]
-        func validate() throws {
-            if ControlProtocol.bytes(fromHex: hex.joined(separator: " ")) == nil || hex.isEmpty {
-                throw ValidationError("not hex bytes: \(hex.joined(separator: " "))")
-            }
-        }
-        func run() throws { try sendFrames(ControlProtocol.bytes(fromHex: hex.joined(separator: " ")) ?? [], options: options) }
-    }
-
-    struct Watch: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "A live view of the LCD text and every channel's pulse (Ctrl-C ends).")
-        @OptionGroup var options: ConnectionOptions
-        @Option(name: .long, help: "Refresh interval in milliseconds.") var interval: Int = 200
-        @Option(name: .long, help: "Stop after this many refreshes (0: run until interrupted).") var count: Int = 0
-
-        func validate() throws {
-            guard (20...60_000).contains(interval) else { throw ValidationError("--interval must be 20…60000 ms") }
-            guard count >= 0 else { throw ValidationError("--count must not be negative") }
-        }
-
-        func run() throws {
-            let client = try options.connect()
-            let terminal = isatty(STDOUT_FILENO) == 1
-            var shown = 0
-            while count == 0 || shown < count {
-                let status: StatusReport
-                do {
-                    status = try client.status()
-                } catch {
-                    throw CLIError("\(error)")
-                }
-                // Home the cursor and clear below it: redraws in place
-                // without the flicker of a full clear.
-                if terminal { print("\u{1B}[H\u{1B}[J", terminator: "") }
-                print(StatusText.render(status), terminator: terminal ? "" : "\n")
-                fflush(nil)  // all streams: `stdout` is a global var Swift 6 will not touch
-                shown += 1
-                if count == 0 || shown < count { usleep(useconds_t(interval * 1000)) }
-            }
-        }
+/// on/off, 1/0, true/false, yes/no.
+func onOff(_ text: String, _ name: String) throws -> Bool {
+    switch text.lowercased() {
+    case "on", "1", "true", "yes": return true
+    case "off", "0", "false", "no": return false
+    default: throw UsageError("<\(name)> must be on or off (or 1/0, true/false), got \(text)")
     }
 }
 
-/// The human-readable status (also the `watch` screen).
-enum StatusText {
-    static func render(_ status: StatusReport) -> String {
-        var out = "board \(status.board) \(status.simulated ? "(simulated) " : "")· blecontrold \(status.version) · up \(status.uptimeSeconds) s\n"
-        if let lcd = status.lcd {
-            out += "\nLCD \(lcd.columns)×\(lcd.rows) \(lcd.online ? "" : "OFFLINE\(lcd.error.map { ": \($0)" } ?? "")")\n"
-            let border = "+" + String(repeating: "-", count: lcd.columns) + "+\n"
-            out += border
-            for line in lcd.lines { out += "|\(line.padding(toLength: lcd.columns, withPad: " ", startingAt: 0))|\n" }
-            out += border
-        }
-        if !status.channels.isEmpty {
-            if let servo = status.servo {
-                out += "\nPCA9685 \(servo.frequencyHz) Hz \(servo.online ? "online" : "OFFLINE\(servo.error.map { ": \($0)" } ?? "")")"
-                if let p50 = servo.latencyP50Us, let p99 = servo.latencyP99Us { out += " · latency p50 \(p50) µs p99 \(p99) µs" }
-                out += " · \(servo.scheduling)\n"
-                if let failsafe = servo.failsafe { out += "FAILSAFE: \(failsafe)\n" }
-                out += "  \(servo.flushes) flushes, \(servo.busWrites) bus writes, \(servo.coalesced) coalesced, \(servo.deadlineMisses) deadline misses, \(servo.failsafes) failsafes\n"
-            }
-            out += "  ch out role   enabled  last          pulse µs   duty\n"
-            for channel in status.channels {
-                let last = channel.command.map { "\($0) \(channel.value ?? 0)" } ?? "-"
-                out += "  " + pad(channel.channel, 2) + " " + pad(channel.output, 3) + " " + channel.role.padding(toLength: 6, withPad: " ", startingAt: 0)
-                out += " " + (channel.latched ? "latched" : channel.enabled ? "yes" : "no ").padding(toLength: 8, withPad: " ", startingAt: 0)
-                out += " " + last.padding(toLength: 13, withPad: " ", startingAt: 0)
-                out += " " + pad(String(format: "%.1f", channel.pulseUs), 8) + "  " + pad(String(format: "%.1f%%", channel.duty * 100), 6) + "\n"
-            }
-        }
-        if let led = status.led { out += "\nLED \(led.pattern) (\(led.lit ? "lit" : "dark"))\n" }
-        out += "\nsessions: \(status.sessions.count)"
-        for session in status.sessions { out += "\n  #\(session.id) \(session.transport) \(session.peer): \(session.frames) frames, \(session.errors) errors" }
-        out += "\ncounters: \(status.counters.frames) frames, \(status.counters.errors) errors, \(status.counters.discardedPartials) partial frames discarded\n"
-        for (name, state) in status.transports.sorted(by: { $0.key < $1.key }) { out += "\(name): \(state)\n" }
-        return out
-    }
+/// A PWM or servo value: 0…65535, or a negative Int16 sent as the original
+/// app does (two's complement: -500 is FE 0C).
+func wireValue(_ text: String) throws -> UInt16 {
+    if let value = UInt16(text) { return value }
+    if let negative = Int16(text) { return UInt16(bitPattern: negative) }
+    throw UsageError("<value> must be -32768…65535, got \(text)")
+}
 
-    private static func pad(_ value: some CustomStringConvertible, _ width: Int) -> String {
-        let text = value.description
-        return String(repeating: " ", count: max(0, width - text.count)) + text
+let channelArgument = Command.Positional("channel", help: "Channel 0…255.")
+
+let status = Command("status", abstract: "Show outputs, display, LED, sessions and counters.",
+                     options: [socketOption], flags: [Command.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
+    let report: StatusReport
+    do {
+        report = try connect(arguments).status()
+    } catch let failure as ExitFailure {
+        throw failure
+    } catch {
+        throw ExitFailure("\(error)")
+    }
+    if arguments.flag("json") {
+        print(String(decoding: try JSONEncoderLite(pretty: true).encode(report), as: UTF8.self))
+    } else {
+        print(StatusText.render(report), terminator: "")
     }
 }
 
-BLEControlCLI.main()
+let servo = Command("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH.", options: [socketOption],
+                    positionals: [channelArgument, Command.Positional("value", help: "0…65535 (0…1000 is the 1000…2000 µs servo range).")]) { arguments in
+    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
+    try sendFrames(FrameEncoder.encode(.servo(channel: channel, value: try wireValue(arguments.positionals[1]))), arguments)
+}
+
+let pwm = Command("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH.", options: [socketOption],
+                  positionals: [channelArgument, Command.Positional("value", help: "0…1000 (per mille); negative values go as the app's Int16.")]) { arguments in
+    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
+    try sendFrames(FrameEncoder.encode(.pwm(channel: channel, value: try wireValue(arguments.positionals[1]))), arguments)
+}
+
+let enable = Command("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", options: [socketOption],
+                     positionals: [channelArgument, Command.Positional("state", help: "on or off (1/0, true/false).")]) { arguments in
+    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
+    try sendFrames(FrameEncoder.encode(.enable(channel: channel, on: try onOff(arguments.positionals[1], "state"))), arguments)
+}
+
+let switchCommand = Command("switch", abstract: "SWITCH_VAL: a digital output on or off.", options: [socketOption],
+                            positionals: [Command.Positional("switch", help: "Switch 0…255."), Command.Positional("state", help: "on or off (1/0, true/false).")]) { arguments in
+    let index = try number(arguments.positionals[0], "switch", UInt8.self)
+    try sendFrames(FrameEncoder.encode(.switchValue(index: index, on: try onOff(arguments.positionals[1], "state"))), arguments)
+}
+
+let lcd = Command("lcd", abstract: "LCD_TEXT: show TEXT on LINE.", options: [socketOption],
+                  positionals: [Command.Positional("line", help: "Line 0…255 (0 is the top line)."),
+                                Command.Positional("text", help: "Text (UTF-8; cut at the display width by the board).")]) { arguments in
+    let line = try number(arguments.positionals[0], "line", UInt8.self)
+    let text = arguments.positionals[1]
+    guard text.utf8.count <= Message.maximumTextLength else {
+        throw UsageError("the text is \(text.utf8.count) bytes; a frame carries at most \(Message.maximumTextLength)")
+    }
+    try sendFrames(FrameEncoder.encode(.lcdText(line: line, text: Array(text.utf8))), arguments)
+}
+
+let clear = Command("clear", abstract: "LCD_CLEAR: blank the display.", options: [socketOption]) { arguments in
+    try sendFrames(FrameEncoder.encode(.lcdClear), arguments)
+}
+
+let initCommand = Command("init", abstract: "INIT: the handshake a central sends after connecting.", options: [socketOption]) { arguments in
+    try sendFrames(FrameEncoder.encode(.initialize), arguments)
+}
+
+let send = Command("send", abstract: "Send raw bytes, e.g. `send 02 03 00 01 f4` or `send 020300:01f4`.",
+                   discussion: "The bytes must end on a frame boundary: a trailing incomplete frame is refused (exit status 1) and nothing is sent.",
+                   options: [socketOption], positionals: [Command.Positional("hex", help: "Hex bytes; spaces, colons and 0x prefixes are ignored.", variadic: true)]) { arguments in
+    let text = arguments.positionals.joined(separator: " ")
+    guard !arguments.positionals.isEmpty, let bytes = ControlProtocol.bytes(fromHex: text), !bytes.isEmpty else {
+        throw UsageError("not hex bytes: \(text)")
+    }
+    var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
+    decoder.decode(bytes, at: .now) { _ in }
+    if decoder.hasPartialFrame {
+        let pending = decoder.bufferedByteCount
+        throw ExitFailure("the last \(pending) byte\(pending == 1 ? "" : "s") (\(ControlProtocol.hex(bytes.suffix(pending)))) are an incomplete frame; nothing was sent")
+    }
+    try sendFrames(bytes, arguments)
+}
+
+let watch = Command("watch", abstract: "A live view of the LCD text and every channel's pulse (Ctrl-C ends).",
+                    options: [socketOption,
+                              Command.Option("interval", value: "MS", help: "Refresh interval in milliseconds (default 200)."),
+                              Command.Option("count", value: "N", help: "Stop after this many refreshes (default 0: run until interrupted).")]) { arguments in
+    let interval = try arguments.integer("interval", in: 20...60_000, default: 200)
+    let count = try arguments.integer("count", in: 0...Int.max, default: 0)
+    let client = try connect(arguments)
+    let terminal = isatty(STDOUT_FILENO) == 1
+    var shown = 0
+    while count == 0 || shown < count {
+        let report: StatusReport
+        do {
+            report = try client.status()
+        } catch {
+            throw ExitFailure("\(error)")
+        }
+        // Home the cursor and clear below it: redraws in place without the
+        // flicker of a full clear.
+        if terminal { print("\u{1B}[H\u{1B}[J", terminator: "") }
+        print(StatusText.render(report), terminator: terminal ? "" : "\n")
+        fflush(nil)
+        shown += 1
+        if count == 0 || shown < count { sleepThread(.milliseconds(interval)) }
+    }
+}
+
+Command(
+    "blecontrol",
+    abstract: "Drive and inspect a running blecontrold.",
+    discussion: """
+    Frames go through the daemon's control socket as one session, exactly as a central's would: the same dispatcher, \
+    the same ERROR replies. The socket is --socket, else $BLECONTROL_SOCKET, else /run/blecontrol/control.sock if it \
+    exists, else the simulator's /tmp/blecontrol-simulator.sock.
+    """,
+    subcommands: [status, servo, pwm, enable, switchCommand, lcd, clear, initCommand, send, watch, doctorCommand()]
+).main(version: BLEControlVersion.string)

@@ -26,7 +26,8 @@ let badFrames: [BadFrame] = [
     BadFrame(bytes: [0x05, 0x02, 0x00, 0x00], error: .badLength(command: 5, length: 2)),
     BadFrame(bytes: [0xFF, 0x00], error: .badLength(command: 255, length: 0)),
     BadFrame(bytes: [0xFF, 0x02, 0x09, 0x09], error: .badLength(command: 255, length: 2)),
-    BadFrame(bytes: [0x06, 0x00], error: .unknownCommand(6)),
+    BadFrame(bytes: [0x07, 0x00], error: .unknownCommand(7)),
+    BadFrame(bytes: [0x06, 0x00], error: .badLength(command: 6, length: 0)),
     BadFrame(bytes: [0x07, 0x02, 0x01, 0x00], error: .unknownCommand(7)),
     BadFrame(bytes: [0xFE, 0x01, 0x00], error: .unknownCommand(254)),
     // Declared data that looks like valid frames is still skipped as data.

@@ -11,15 +11,15 @@ struct GoldenVectorTests {
     func commandCodes() {
         let codes: [(Command, UInt8)] = [
             (.initialize, 0), (.analogOutputEnable, 1), (.servoValue, 2), (.pwmValue, 3),
-            (.lcdText, 4), (.lcdClear, 5), (.error, 255),
+            (.lcdText, 4), (.lcdClear, 5), (.switchValue, 6), (.error, 255),
         ]
         for (command, code) in codes {
             #expect(command.rawValue == code)
             #expect(Command(rawValue: code) == command)
         }
         #expect(Command.allCases.count == codes.count)
-        // 6…254 are reserved for extensions, none of which exists yet.
-        for code in UInt8(6)...254 {
+        // 7…254 are reserved for extensions, none of which exists yet.
+        for code in UInt8(7)...254 {
             #expect(Command(rawValue: code) == nil)
         }
     }

@@ -2,6 +2,8 @@
 import Glibc
 #endif
 import BlueZ
+import DBus
+import Reactor
 import Foundation
 import Testing
 
@@ -9,7 +11,12 @@ import Testing
 /// and LEAdvertisingManager1 that read back what the peripheral exports,
 /// the way bluetoothd does.
 final class FakeBlueZ: @unchecked Sendable {
+    let loop: EventLoop
     let connection: DBusConnection
+    /// The centrals bluetoothd knows on hci0 (Device1 objects), connected.
+    static let centralA = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+    static let centralB = "/org/bluez/hci0/dev_00_00_00_03_00_01"
+    private var connected: [String: Bool] = [centralA: true, centralB: true]
     let registered = Collected<String>()
     /// AgentManager1 calls, as "register <path> <capability>" / "default <path>".
     let agents = Collected<String>()
@@ -17,7 +24,8 @@ final class FakeBlueZ: @unchecked Sendable {
     private let poweredLock = NSLock()
 
     init(address: String) throws {
-        connection = try DBusConnection(address: address, logger: logger)
+        loop = try testLoop()
+        connection = try DBusConnection(address: address, loop: loop, logger: logger)
         let adapter = DBusInterface("org.bluez.Adapter1")
         adapter.property("Address", "s", get: { .string("00:00:00:01:00:01") })
         adapter.property("Powered", "b", get: { [unowned self] in .bool(poweredLock.withLock { powered }) }, set: { [unowned self] value in
@@ -57,14 +65,21 @@ final class FakeBlueZ: @unchecked Sendable {
         connection.exportObjectManager(at: "/")
         connection.export(path: "/org/bluez", interfaces: [agentManager])
         connection.export(path: "/org/bluez/hci0", interfaces: [adapter, gatt, advertising])
+        for (path, address) in [(Self.centralA, "00:00:00:02:00:01"), (Self.centralB, "00:00:00:03:00:01")] {
+            let device = DBusInterface("org.bluez.Device1")
+            device.property("Address", "s", get: { .string(address) })
+            device.property("Adapter", "o", get: { .objectPath("/org/bluez/hci0") })
+            device.property("Connected", "b", get: { [unowned self] in .bool(poweredLock.withLock { connected[path] ?? false }) })
+            connection.export(path: path, interfaces: [device])
+        }
         let box = Collected<Bool>()
         connection.requestName("org.bluez") { result in box.append((try? result.get()) ?? false) }
         _ = eventually { box.all == [true] }
     }
 
     /// Writes to the peripheral's FFE1 as bluetoothd does for a central.
-    func write(_ bytes: [UInt8], type: String?, to peripheral: String) throws {
-        var options: [(String, DBusValue)] = [("device", .objectPath("/org/bluez/hci0/dev_00_00_00_02_00_01")), ("mtu", .uint16(517))]
+    func write(_ bytes: [UInt8], type: String?, to peripheral: String, device: String = FakeBlueZ.centralA) throws {
+        var options: [(String, DBusValue)] = [("device", .objectPath(device)), ("mtu", .uint16(517))]
         if let type { options.append(("type", .string(type))) }
         _ = try connection.callAndWait(destination: peripheral, path: BLEPeripheral.characteristicPath, interface: "org.bluez.GattCharacteristic1",
                                        method: "WriteValue", arguments: [.bytes(bytes), .properties(options)])
@@ -94,8 +109,14 @@ final class FakeBlueZ: @unchecked Sendable {
         throw DBusFailure("test.NoPeripheral", "no FFE1 on the bus")
     }
 
-    func disconnectCentral() {
-        connection.emitPropertiesChanged(path: "/org/bluez/hci0/dev_00_00_00_02_00_01", interface: "org.bluez.Device1", changed: [("Connected", .bool(false))])
+    func disconnectCentral(_ path: String = FakeBlueZ.centralA) {
+        poweredLock.withLock { connected[path] = false }
+        connection.emitPropertiesChanged(path: path, interface: "org.bluez.Device1", changed: [("Connected", .bool(false))])
+    }
+
+    func close() {
+        connection.close()
+        loop.stop()
     }
 }
 
@@ -117,17 +138,17 @@ struct BLEPeripheralTests {
         guard let bus = try PrivateBus.start() else { return }
         defer { bus.stop() }
         let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
+        defer { bluez.close() }
         let events = Events()
-        let ble = peripheral(bus, events: events, allow: allow, security: security, acquireWrite: acquireWrite)
+        let ble = try peripheral(bus, events: events, allow: allow, security: security, acquireWrite: acquireWrite)
         ble.start()
         defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
+        #expect(eventually { ble.stateDescription.hasPrefix("advertising") })
         try body(bluez, ble, events)
     }
 
-    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true) -> BLEPeripheral {
-        BLEPeripheral(
+    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true) throws -> BLEPeripheral {
+        try BLEPeripheral(
             configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, security: security, allow: allow, busAddress: bus.address, acquireWrite: acquireWrite),
             handlers: .init(
                 write: { central, bytes, withResponse, done in
@@ -145,14 +166,14 @@ struct BLEPeripheralTests {
         guard let bus = try PrivateBus.start() else { return }
         defer { bus.stop() }
         let events = Events()
-        let ble = peripheral(bus, events: events)
+        let ble = try peripheral(bus, events: events)
         ble.start()
         defer { ble.stop() }
-        #expect(eventually { ble.state.contains("no BlueZ on the system bus") })
+        #expect(eventually { ble.stateDescription.contains("no BlueZ on the system bus") })
         let bluez = try FakeBlueZ(address: bus.address)
-        defer { bluez.connection.close() }
+        defer { bluez.close() }
         // Powered off at first: ble.power_on switches it on, then it registers.
-        #expect(eventually { ble.state.hasPrefix("advertising as Test-Board on hci0") })
+        #expect(eventually { ble.stateDescription.hasPrefix("advertising as Test-Board on hci0") })
         #expect(bluez.powered)
         #expect(bluez.registered.all == ["app 00002a24-0000-1000-8000-00805f9b34fb,00002a26-0000-1000-8000-00805f9b34fb,00002a29-0000-1000-8000-00805f9b34fb,0000ffe1-0000-1000-8000-00805f9b34fb", "adv Test-Board discoverable=true"])
     }
@@ -163,15 +184,17 @@ struct BLEPeripheralTests {
 
             try bluez.write([0x02, 0x03, 0x00, 0x01, 0xF4], type: "command", to: peripheralName)
             let answered = Collected<Bool>()
-            let writer = Thread {
-                do {
-                    try bluez.write([0x05, 0x00], type: nil, to: peripheralName)  // BlueZ 5.66: no type → request
-                    answered.append(true)
-                } catch { answered.append(false) }
+            // BlueZ 5.66: no type → request. Asynchronous: its reply is
+            // handled on the fake BlueZ's loop, in the order replies arrive.
+            bluez.connection.call(destination: peripheralName, path: BLEPeripheral.characteristicPath, interface: "org.bluez.GattCharacteristic1", method: "WriteValue",
+                                  arguments: [.bytes([0x05, 0x00]), .properties([("device", .objectPath(FakeBlueZ.centralA))])]) { result in
+                answered.append((try? result.get()) != nil)
             }
-            writer.start()
             #expect(eventually { events.acks.all.count == 1 })
-            usleep(100_000)
+            // A round trip after the write was handled: had the peripheral
+            // answered the write already, that reply would have arrived first
+            // (one connection, in order). No sleeping and hoping.
+            _ = bluez.characteristicProperty("Notifying", of: peripheralName)
             #expect(answered.all.isEmpty, "answered before the frames were applied")
             events.acks.all.first?(nil)
             #expect(eventually { answered.all == [true] })
@@ -198,17 +221,15 @@ struct BLEPeripheralTests {
         defer { bus.stop() }
         let first = try FakeBlueZ(address: bus.address)
         let events = Events()
-        let ble = peripheral(bus, events: events)
+        let ble = try peripheral(bus, events: events)
         ble.start()
         defer { ble.stop() }
-        #expect(eventually { ble.state.hasPrefix("advertising") })
-        first.connection.close()
-        #expect(eventually { ble.state.contains("no BlueZ on the system bus") })
-        let started = ContinuousClock.now
+        #expect(eventually { ble.stateDescription.hasPrefix("advertising") })
+        first.close()
+        #expect(eventually { ble.stateDescription.contains("no BlueZ on the system bus") })
         let second = try FakeBlueZ(address: bus.address)
-        defer { second.connection.close() }
-        #expect(eventually { ble.state.hasPrefix("advertising") && second.registered.all.count == 2 })
-        #expect(started.duration(to: .now) < .seconds(2))
+        defer { second.close() }
+        #expect(eventually { ble.stateDescription.hasPrefix("advertising") && second.registered.all.count == 2 })
     }
 
     @Test func theAllowListRefusesOthers() throws {
@@ -221,7 +242,7 @@ struct BLEPeripheralTests {
             }
             #expect(refused == 1)
             #expect(events.writes.all.isEmpty)
-            #expect(ble.state.contains("1 writes refused"))
+            #expect(ble.stateDescription.contains("1 writes refused"))
         }
     }
 
@@ -271,8 +292,8 @@ struct BLEPeripheralTests {
     @Test func acquiredNotifySocketsCarryEachCentralsOwnNotifications() throws {
         try withAdvertisingPeripheral { bluez, ble, events in
             let name = try bluez.peripheralName()
-            let centralA = "/org/bluez/hci0/dev_00_00_00_02_00_01"
-            let centralB = "/org/bluez/hci0/dev_00_00_00_03_00_01"
+            let centralA = FakeBlueZ.centralA
+            let centralB = FakeBlueZ.centralB
             let a = try bluez.acquire("AcquireNotify", central: centralA, mtu: 23, from: name)
             let b = try bluez.acquire("AcquireNotify", central: centralB, mtu: 23, from: name)
             defer { close(b.fd) }
@@ -295,7 +316,7 @@ struct BLEPeripheralTests {
             ble.notify([0x01], central: nil)
             #expect(Self.receive(a.fd) == [0x01])
             #expect(Self.receive(b.fd) == [0x01])
-            #expect(eventually { ble.currentStatistics.notifications == 4 })
+            #expect(eventually { ble.status.statistics.notifications == 4 })
 
             // A disconnect closes that central's socket.
             try bluez.write([0x00, 0x00], type: "command", to: name)
@@ -365,7 +386,72 @@ struct BLEPeripheralTests {
             } catch let failure as DBusFailure {
                 #expect(failure.name == "org.bluez.Error.NotAuthorized")
             }
-            #expect(eventually { ble.state.contains("1 writes refused") })
+            #expect(eventually { ble.stateDescription.contains("1 writes refused") })
+        }
+    }
+
+    @Test func onlyBluetoothdMayCallTheGATTObjects() throws {
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            // Another connection on the same bus: not the owner of org.bluez.
+            let loop = try testLoop()
+            defer { loop.stop() }
+            let stranger = try DBusConnection(address: bluez.connection.address, loop: loop, logger: logger)
+            defer { stranger.close() }
+            do {
+                _ = try stranger.callAndWait(destination: name, path: BLEPeripheral.characteristicPath, interface: "org.bluez.GattCharacteristic1", method: "WriteValue",
+                                             arguments: [.bytes([0x01, 0x02, 0x00, 0x01]), .properties([("device", .objectPath(FakeBlueZ.centralA))])])
+                Issue.record("a caller that is not bluetoothd drove the outputs")
+            } catch let failure as DBusFailure {
+                #expect(failure.name == DBusFailure.accessDenied)
+            }
+            #expect(events.writes.all.isEmpty)
+            #expect(eventually { ble.status.statistics.deniedCallers == 1 })
+        }
+    }
+
+    @Test func writesLongerThanAnATTValueAreRefused() throws {
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            do {
+                try bluez.write([UInt8](repeating: 0, count: 513), type: "command", to: name)
+                Issue.record("a 513-byte write was accepted")
+            } catch let failure as DBusFailure {
+                #expect(failure.name == "org.bluez.Error.InvalidValueLength")
+            }
+            try bluez.write([UInt8](repeating: 0, count: 512), type: "command", to: name)
+            #expect(events.writes.all.count == 1)
+            #expect(ble.status.statistics.oversized == 1)
+        }
+    }
+
+    @Test func aDeviceBluetoothdDoesNotReportConnectedGetsNoSession() throws {
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            for device in ["/org/bluez/hci0/dev_11_22_33_44_55_66", "/org/bluez/hci1/dev_00_00_00_02_00_01", "/made/up"] {
+                do {
+                    try bluez.write([0x00, 0x00], type: "command", to: name, device: device)
+                    Issue.record("a write for \(device) was accepted")
+                } catch let failure as DBusFailure {
+                    #expect(failure.name == "org.bluez.Error.NotPermitted" || failure.name == "org.bluez.Error.InvalidArguments")
+                }
+            }
+            bluez.disconnectCentral(FakeBlueZ.centralB)
+            #expect(throws: DBusFailure.self) { try bluez.write([0x00, 0x00], type: "command", to: name, device: FakeBlueZ.centralB) }
+            #expect(events.writes.all.isEmpty)
+            try bluez.write([0x00, 0x00], type: "command", to: name)
+            #expect(events.writes.all.count == 1)
+        }
+    }
+
+    @Test func theAllowListUsesBluetoothdsAddressNotTheCallersOptions() throws {
+        // centralA is 00:00:00:02:00:01; allowing centralB's address must not
+        // let a write naming centralA through, whatever its options say.
+        try withAdvertisingPeripheral(allow: ["00:00:00:03:00:01"]) { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            #expect(throws: DBusFailure.self) { try bluez.write([0x00, 0x00], type: "command", to: name, device: FakeBlueZ.centralA) }
+            try bluez.write([0x00, 0x00], type: "command", to: name, device: FakeBlueZ.centralB)
+            #expect(events.writes.all == ["dev_00_00_00_03_00_01 0000 command"])
         }
     }
 }

@@ -178,12 +178,13 @@ struct SimulatorEndToEndTests {
         #expect(messages.contains { $0.hasPrefix("STOPPING=1") }, "\(messages)")
     }
 
-    @Test("A second daemon on the same control socket refuses to start; the first keeps running")
+    @Test("A second daemon for the same board refuses to start before it touches a device; the first keeps running")
     func secondDaemon() throws {
         let daemon = try SimulatorDaemon()
         let second = try run(Executables.daemon, ["--control-socket", daemon.socketPath, "--tcp", "127.0.0.1:0"])
         #expect(second.status == 1)
-        #expect(second.stderr.contains("another process"), "\(second.stderr)")
+        #expect(second.stderr.contains("already runs this board"), "\(second.stderr)")
+        #expect(!second.stderr.contains("PCA9685 initialised"), "the second daemon initialised the chip: \(second.stderr)")
         #expect(daemon.isRunning)
         #expect(try daemon.cli(["status"]).status == 0)
     }

@@ -5,6 +5,9 @@ import Foundation
 import Hardware
 import Logging
 @testable import Firmware
+import Board
+import Control
+import Reactor
 
 /// The firmware core on an emulated bus, without transports: frames go in
 /// through a `Session`, outputs are read back from the emulated chips.
@@ -50,7 +53,7 @@ final class EmulatedBoard: @unchecked Sendable {
 
     /// A session like a transport's; replies are collected in `replies`.
     func session(idleTimeout: Duration? = .milliseconds(500)) -> Session {
-        Session(id: 1, transport: "test", peer: "test", dispatcher: dispatcher, idleTimeout: idleTimeout) { [self] frame in
+        Session(id: 1, transport: .tcp, peer: "test", dispatcher: dispatcher, idleTimeout: idleTimeout) { [self] frame in
             lock.withLock { sent += frame }
         }
     }

@@ -1,19 +1,30 @@
 import BLEControlProtocol
 import DeviceEmulators
+import Devices
 import Foundation
 import Hardware
 import Logging
 import TestSupport
 import Testing
 @testable import Firmware
+import Board
+import Control
+import Reactor
 
 /// The simulator board with the failsafe knobs turned for tests.
-private func board(silenceMs: Int = 0, dwellMs: Int = 150, faultMs: Int = 200, stallMs: Int = 200) -> String {
+func testBoard(silenceMs: Int = 0, dwellMs: Int = 150, faultMs: Int = 200, stallMs: Int = 200) -> String {
     EmbeddedBoards.simulator
         .replacingOccurrences(of: "failsafe_dwell_ms: 500", with: "failsafe_dwell_ms: \(dwellMs)")
         .replacingOccurrences(of: "silence_timeout_ms: 0 ", with: "silence_timeout_ms: \(silenceMs) ")
         .replacingOccurrences(of: "stall_timeout_ms: 500 ", with: "stall_timeout_ms: \(stallMs) ")
         .replacingOccurrences(of: "fault_timeout_ms: 1000 ", with: "fault_timeout_ms: \(faultMs) ")
+}
+
+/// A private directory for a test's control socket and instance lock.
+func scratchDirectory(_ prefix: String) -> String {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString.prefix(8))").path
+    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
 }
 
 /// A whole board in-process: transports on a free port, emulated chips to
@@ -23,16 +34,17 @@ final class RunningBoard {
     let chip: PCA9685Emulator
     let bus: EmulatedI2CBus
     let port: UInt16
+    let socket: String
 
     init(yaml: String) throws {
         var logger = Logger(label: "failsafe-test")
         logger.logLevel = .critical
-        runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "test.yaml"), logger: logger)
-        let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-test-\(UUID().uuidString.prefix(8)).sock").path
-        try runtime.start(controlSocketPath: socket, tcpOverride: ("127.0.0.1", 0))
-        chip = runtime.emulators!.pca9685!
-        bus = runtime.emulators!.buses["main"]!
-        port = runtime.tcpPort!
+        socket = scratchDirectory("blecontrol-test") + "/control.sock"
+        runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "test.yaml"), logger: logger, controlSocketPath: socket)
+        try runtime.start(tcpOverride: ("127.0.0.1", 0))
+        chip = try #require(runtime.emulators?.pca9685.first)
+        bus = try #require(runtime.emulators?.buses["main"])
+        port = try #require(runtime.tcpPort)
     }
 
     deinit { runtime.stop() }
@@ -40,6 +52,16 @@ final class RunningBoard {
     func pulse(_ output: Int) -> Double { chip.output(channel: output).pulseWidth.value }
     func duty(_ output: Int) -> Double { chip.output(channel: output).duty }
     func servo() throws -> StatusReport.Servo { try #require(try runtime.status().servo) }
+
+    /// Waits until the board has dispatched `frames` frames in all, then
+    /// until everything dispatched has reached the chips (a control-socket
+    /// send is answered only then). What is asserted after this has happened:
+    /// no sleeping and hoping.
+    func settle(frames: Int) throws {
+        #expect(eventually { ((try? self.runtime.status().counters.frames) ?? 0) >= frames }, "the board never saw \(frames) frames")
+        let client = try ControlClient(path: socket)
+        _ = try client.send(FrameEncoder.encode(.initialize))
+    }
 
     /// A central that enabled channels 0, 3, 4 and 6 and gave them values.
     func drivingCentral() throws -> LoopbackTCPClient {
@@ -55,8 +77,10 @@ final class RunningBoard {
     }
 }
 
-/// Polls `condition` for up to `timeout` (outputs apply on other threads).
-func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Bool {
+/// Polls `condition` until it holds (outputs apply on other threads). The
+/// timeout only bounds a test that would otherwise hang; no test asserts
+/// how long anything took.
+func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) -> Bool {
     let deadline = ContinuousClock.now + timeout
     while ContinuousClock.now < deadline {
         if condition() { return true }
@@ -65,87 +89,340 @@ func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) -> Boo
     return condition()
 }
 
-@Suite("Failsafe engine and its triggers", .serialized)
+/// Channel configurations like the simulator board's, for engine tests.
+private func simulatorChannels(dwellMs: Int = 150) throws -> [ChannelConfiguration] {
+    try #require(try BoardFile.parse(testBoard(dwellMs: dwellMs), path: "t.yaml").servo?.channels)
+}
+
+@Suite("The failsafe engine and pacing, on virtual time")
+struct ServoEngineTests {
+    private func flush(_ engine: inout ServoEngine, at now: ContinuousClock.Instant) -> [ServoEngine.Staged] {
+        guard engine.nextAction(at: now) == .flush else { return [] }
+        let batch = engine.batch
+        engine.flushSucceeded(transactions: 1, at: now)
+        return batch
+    }
+
+    @Test("Failsafe per role: servo holds, preset servo moves, ESC neutral then off after exactly its dwell, PWM duty 0")
+    func roles() throws {
+        var engine = ServoEngine(channels: try simulatorChannels(dwellMs: 150), timing: ServoPath.Timing())
+        let t0 = ContinuousClock.now
+        for (channel, value) in [(0, UInt16(700)), (3, 800), (4, 600)] {
+            _ = engine.setEnabled(true, channel: channel, receivedAt: t0)
+            _ = engine.submit(.servo(value), channel: channel, receivedAt: t0)
+        }
+        _ = engine.setEnabled(true, channel: 6, receivedAt: t0)
+        _ = engine.submit(.pwm(500), channel: 6, receivedAt: t0)
+        _ = flush(&engine, at: t0)
+
+        let t1 = t0 + .seconds(1)
+        let result1 = engine.engageFailsafe(reason: "test", at: t1)
+        #expect(result1)
+        let again = engine.engageFailsafe(reason: "again", at: t1)
+        #expect(!again, "one failsafe state, not a count")
+        let batch = flush(&engine, at: t1)
+        let byChannel = Dictionary(uniqueKeysWithValues: batch.map { ($0.channel, $0) })
+        #expect(byChannel[0] == nil, "a holding servo is not even written")
+        #expect(byChannel[3]?.value == .pulse(Microseconds(1500)) && byChannel[3]?.enabled == true)
+        #expect(byChannel[4]?.value == .pulse(Microseconds(1000)) && byChannel[4]?.enabled == true)
+        #expect(byChannel[6]?.value == .duty(0))
+        #expect(engine.failsafe?.appliedAfter == .zero)
+
+        // The ESC dwell ends at t1 + 150 ms, not a moment earlier.
+        let result2 = engine.nextAction(at: t1 + .milliseconds(149))
+        #expect(result2 == .wait(until: t1 + .milliseconds(150)))
+        let after = flush(&engine, at: t1 + .milliseconds(150))
+        #expect(after.map(\.channel) == [4])
+        #expect(after.first?.enabled == false)
+    }
+
+    @Test("A latched ESC ignores values until ANALOG_OUT_EN on, and then waits for a new value")
+    func escLatch() throws {
+        var engine = ServoEngine(channels: try simulatorChannels(dwellMs: 0), timing: ServoPath.Timing())
+        let t0 = ContinuousClock.now
+        _ = engine.setEnabled(true, channel: 4, receivedAt: t0)
+        _ = engine.submit(.servo(600), channel: 4, receivedAt: t0)
+        _ = engine.engageFailsafe(reason: "test", at: t0)
+        _ = flush(&engine, at: t0)
+        _ = flush(&engine, at: t0 + .milliseconds(1))  // dwell 0: off
+        #expect(engine.state(4)?.latched == true)
+        _ = engine.submit(.servo(900), channel: 4, receivedAt: t0 + .seconds(1))
+        let ignored = flush(&engine, at: t0 + .seconds(1))
+        #expect(ignored.first?.enabled == false, "a value alone does not restart a latched ESC")
+        _ = engine.setEnabled(true, channel: 4, receivedAt: t0 + .seconds(2))
+        let enabled = flush(&engine, at: t0 + .seconds(2))
+        #expect(enabled.first?.enabled == false, "enabling does not resume the pre-failsafe throttle")
+        _ = engine.submit(.servo(300), channel: 4, receivedAt: t0 + .seconds(3))
+        let resumed = flush(&engine, at: t0 + .seconds(3))
+        #expect(resumed.first?.value == .pulse(Microseconds(1300)) && resumed.first?.enabled == true)
+    }
+
+    @Test("Pacing: a burst of 4 flushes per 20 ms period goes at once, then one every 5 ms")
+    func pacing() throws {
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 4
+        var engine = ServoEngine(channels: try simulatorChannels(), timing: timing)
+        let t0 = ContinuousClock.now
+        _ = engine.setEnabled(true, channel: 0, receivedAt: t0)
+        for round in 0..<4 {
+            _ = engine.submit(.servo(UInt16(round)), channel: 0, receivedAt: t0)
+            let result3 = engine.nextAction(at: t0)
+            #expect(result3 == .flush, "flush \(round) of the burst")
+        }
+        _ = engine.submit(.servo(9), channel: 0, receivedAt: t0)
+        let result4 = engine.nextAction(at: t0)
+        #expect(result4 == .wait(until: t0 + .milliseconds(5)))
+        let result5 = engine.nextAction(at: t0 + .milliseconds(5))
+        #expect(result5 == .flush)
+        _ = engine.submit(.servo(10), channel: 0, receivedAt: t0)
+        let result6 = engine.nextAction(at: t0 + .milliseconds(6))
+        #expect(result6 == .wait(until: t0 + .milliseconds(10)))
+        // Idle for a period refills the bucket.
+        _ = engine.submit(.servo(11), channel: 0, receivedAt: t0)
+        for _ in 0..<4 {
+            let result7 = engine.nextAction(at: t0 + .milliseconds(100))
+            #expect(result7 == .flush)
+            _ = engine.submit(.servo(12), channel: 0, receivedAt: t0)
+        }
+    }
+
+    @Test("A failed flush keeps its values for the next try")
+    func failedFlush() throws {
+        var engine = ServoEngine(channels: try simulatorChannels(), timing: ServoPath.Timing())
+        let t0 = ContinuousClock.now
+        _ = engine.setEnabled(true, channel: 2, receivedAt: t0)
+        let result8 = engine.nextAction(at: t0)
+        #expect(result8 == .flush)
+        engine.flushFailed()
+        let result9 = engine.nextAction(at: t0 + .seconds(1))
+        #expect(result9 == .flush)
+        #expect(engine.batch.map(\.channel) == [2])
+    }
+
+    @Test("Reconfigure: unchanged channels keep their state; changed ones start over; removed outputs go off once")
+    func reconfigure() throws {
+        let channels = try simulatorChannels()
+        var engine = ServoEngine(channels: channels, timing: ServoPath.Timing())
+        let t0 = ContinuousClock.now
+        for channel in [0, 1, 2] {
+            _ = engine.setEnabled(true, channel: channel, receivedAt: t0)
+            _ = engine.submit(.servo(500), channel: channel, receivedAt: t0)
+        }
+        _ = flush(&engine, at: t0)
+        var changed = channels.filter { $0.channel != 2 }
+        changed[1].maximum = Microseconds(1900)
+        let touched = engine.reconfigure(channels: changed, timing: ServoPath.Timing())
+        #expect(touched == [1, 2])
+        #expect(engine.state(0)?.enabled == true && engine.state(0)?.lastCommand == .servo(500))
+        #expect(engine.state(1)?.enabled == false && engine.state(1)?.lastCommand == nil)
+        #expect(engine.state(2) == nil)
+        let batch = flush(&engine, at: t0 + .seconds(1))
+        #expect(batch.contains { $0.channel == -1 && $0.output == 2 && !$0.enabled }, "channel 2's output switched off")
+        #expect(!batch.contains { $0.channel == 0 }, "an unchanged channel is not written")
+    }
+}
+
+@Suite("Failsafe triggers on virtual time")
+struct FailsafeWatchTests {
+    final class Probe: @unchecked Sendable {
+        var lastFrame: ContinuousClock.Instant?
+        var busySince: ContinuousClock.Instant?
+        var engaged: [(String, ContinuousClock.Instant)] = []
+        var acknowledged = 0
+    }
+
+    private func watch(_ loop: ManualLoop, _ probe: Probe, silence: Duration?, stall: Duration = .milliseconds(500)) -> FailsafeWatch {
+        FailsafeWatch(loop: loop, silenceTimeout: silence, stallTimeout: stall,
+                      lastFrame: { probe.lastFrame },
+                      busyFor: { now in probe.busySince.map { $0.duration(to: now) } },
+                      acknowledgeBusy: { probe.acknowledged += 1 },
+                      engage: { probe.engaged.append(($0, loop.now)) })
+    }
+
+    @Test("Silence: engaged exactly at the last frame plus the timeout, once, however frames came before")
+    func silence() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: .milliseconds(300))
+        let t0 = loop.now
+        for step in 0..<10 {
+            loop.advance(to: t0 + .milliseconds(100 * step))
+            probe.lastFrame = loop.now
+            watch.frameArrived()
+        }
+        let last = try! #require(probe.lastFrame)
+        loop.advance(to: last + .milliseconds(299))
+        #expect(probe.engaged.isEmpty)
+        loop.advance(to: last + .milliseconds(300))
+        #expect(probe.engaged.count == 1)
+        #expect(probe.engaged.first?.0 == "no frame for 300 ms")
+        #expect(probe.engaged.first?.1 == last + .milliseconds(300))
+        loop.advance(by: .seconds(10))
+        #expect(probe.engaged.count == 1, "once per silence")
+        #expect(loop.pendingTimers == 0, "an idle, silent board arms no timer")
+    }
+
+    @Test("Stall: a transfer stuck past the timeout engages; short transfers do not, and the watch disarms when idle")
+    func stall() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: nil, stall: .milliseconds(200))
+        let t0 = loop.now
+        probe.busySince = t0
+        watch.servoBusy(since: t0)
+        loop.advance(to: t0 + .milliseconds(10))
+        probe.busySince = nil  // that write finished
+        loop.advance(to: t0 + .milliseconds(200))
+        #expect(probe.engaged.isEmpty)
+        #expect(probe.acknowledged == 1)
+        #expect(loop.pendingTimers == 0)
+
+        let t1 = loop.now
+        probe.busySince = t1
+        watch.servoBusy(since: t1)
+        loop.advance(to: t1 + .milliseconds(199))
+        #expect(probe.engaged.isEmpty)
+        loop.advance(to: t1 + .milliseconds(200))
+        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 200 ms")
+    }
+}
+
+@Suite("Sessions on virtual time")
+struct SessionHubTests {
+    @Test("A partial frame is discarded exactly at the idle timeout, however many bytes came before")
+    func expiry() throws {
+        let board = try EmulatedBoard()
+        let loop = ManualLoop()
+        var logger = Logger(label: "t")
+        logger.logLevel = .critical
+        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: .milliseconds(500), logger: logger)
+        let session = hub.open(transport: .tcp, peer: "t") { _ in }
+        let t0 = loop.now
+        hub.receive([0x02], for: session)
+        loop.advance(to: t0 + .milliseconds(400))
+        hub.receive([0x03], for: session)
+        loop.advance(to: t0 + .milliseconds(900))
+        #expect(session.deadline != nil, "still waiting exactly 500 ms after the last byte")
+        loop.advance(to: t0 + .milliseconds(900) + .microseconds(1))
+        #expect(session.deadline == nil, "discarded once idle for longer than 500 ms")
+        #expect(board.dispatcher.counters.discardedPartials == 1)
+        #expect(loop.pendingTimers == 0)
+    }
+
+    @Test("A central that is gone is not in control: a frame whose reply closes the session cannot clear the failsafe")
+    func goneIsNotInControl() throws {
+        let board = try EmulatedBoard()
+        let loop = ManualLoop()
+        var logger = Logger(label: "t")
+        logger.logLevel = .critical
+        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        var inControl = 0
+        var lastGone = 0
+        hub.onCentralInControl = { _ in inControl += 1 }
+        hub.onLastCentralClosed = { _ in lastGone += 1 }
+        var session: Session!
+        // Sending the ERROR reply fails: the transport closes the session
+        // from inside the send, as a reset connection does.
+        session = hub.open(transport: .tcp, peer: "reset") { _ in hub.close(session) }
+        // An accepted frame and one that draws ERROR, in one write.
+        hub.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + [0x09, 0x00], for: session)
+        #expect(lastGone == 1)
+        #expect(inControl == 0, "the session closed before the write was done")
+
+        let healthy = hub.open(transport: .tcp, peer: "ok") { _ in }
+        hub.receive(FrameEncoder.encode(.enable(channel: 0, on: true)), for: healthy)
+        #expect(inControl == 1)
+        let cli = hub.open(transport: .control, peer: "cli") { _ in }
+        hub.receive(FrameEncoder.encode(.enable(channel: 0, on: true)), for: cli)
+        #expect(inControl == 1, "the CLI is an operator, not a central")
+    }
+}
+
+@Suite("Failsafe end to end in-process", .serialized)
 struct FailsafeTests {
-    @Test("The last central disconnecting: servo holds, preset servo moves, ESC neutral then off, PWM duty 0 — applied within 100 ms")
+    @Test("The last central disconnecting: servo holds, preset servo moves, ESC neutral then off, PWM duty 0; the LCD shows why, then the centrals' text again")
     func disconnect() throws {
-        let board = try RunningBoard(yaml: board())
+        let board = try RunningBoard(yaml: testBoard())
         var central: LoopbackTCPClient? = try board.drivingCentral()
-        _ = central
+        try central?.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("user text".utf8))))
+        #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("user text") == true })
         central = nil  // closes the connection
         #expect(eventually { (try? board.servo().failsafe) != nil })
-        let servo = try board.servo()
-        #expect(servo.failsafe?.contains("last central disconnected") == true)
+        #expect(try board.servo().failsafe?.contains("last central disconnected") == true)
         // One failsafe flush writes every changed run; wait for all of it.
         #expect(eventually { (try? board.servo().failsafeAppliedMs) != nil })
         #expect(abs(board.pulse(4) - 1000) < 5, "ESC at its neutral pulse")
         #expect(abs(board.pulse(0) - 1700) < 5, "channel 0 holds")
         #expect(abs(board.pulse(3) - 1500) < 5, "channel 3 goes to its preset")
         #expect(board.duty(6) == 0, "PWM duty 0")
-        let applied = try #require(try board.servo().failsafeAppliedMs)
-        #expect(applied <= 100, "failsafe outputs reached the chip \(applied) ms after the disconnect was seen")
         #expect(eventually { board.pulse(4) == 0 }, "the ESC stops after its dwell")
-        let lines = board.runtime.emulators!.lcd!.lcd.lines
-        #expect(eventually { board.runtime.emulators!.lcd!.lcd.lines.first?.hasPrefix("FAILSAFE") == true }, "\(lines)")
+        #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("FAILSAFE") == true })
+        #expect(try board.runtime.status().lcd?.overlay == "failsafe")
+
+        // A central back in control: the failsafe ends and the text it left comes back.
+        let again = try LoopbackTCPClient(port: board.port)
+        try again.send(FrameEncoder.encode(.initialize))
+        #expect(eventually { (try? board.servo().failsafe) == nil })
+        #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("user text") == true })
+        #expect(try board.runtime.status().lcd?.overlay == nil)
     }
 
     @Test("After a failsafe an ESC stays stopped until ANALOG_OUT_EN on, and resumes only with a new value")
     func escLatch() throws {
-        let board = try RunningBoard(yaml: board(dwellMs: 50))
+        let board = try RunningBoard(yaml: testBoard(dwellMs: 50))
         _ = try board.drivingCentral()
         board.runtime.engageFailsafe(reason: "test")
         #expect(eventually { board.pulse(4) == 0 })
         let central = try LoopbackTCPClient(port: board.port)
+        var frames = try board.runtime.status().counters.frames
         try central.send(FrameEncoder.encode(.servo(channel: 4, value: 900)))
-        usleep(100_000)
+        frames += 1
+        try board.settle(frames: frames)
         #expect(board.pulse(4) == 0, "a value alone does not restart a latched ESC")
-        #expect(try board.servo().failsafe == nil, "a frame from a central clears the failsafe state")
+        #expect(try board.servo().failsafe == nil, "an accepted frame from a connected central clears the failsafe state")
         #expect(try board.runtime.status().channels.first { $0.channel == 4 }?.latched == true)
         try central.send(FrameEncoder.encode(.enable(channel: 4, on: true)))
-        usleep(100_000)
+        frames += 2  // the settle's own INIT counted too
+        try board.settle(frames: frames)
         #expect(board.pulse(4) == 0, "enabling does not resume the pre-failsafe throttle")
         try central.send(FrameEncoder.encode(.servo(channel: 4, value: 300)))
         #expect(eventually { abs(board.pulse(4) - 1300) < 5 })
     }
 
-    @Test("No frame for the silence timeout: failsafe within the timeout plus one check")
+    @Test("No frame for the silence timeout engages the failsafe")
     func silence() throws {
-        let board = try RunningBoard(yaml: board(silenceMs: 300))
+        let board = try RunningBoard(yaml: testBoard(silenceMs: 300))
         let central = try board.drivingCentral()
-        let lastFrame = ContinuousClock.now
         #expect(eventually { (try? board.servo().failsafe) != nil })
-        let engagedAfter = lastFrame.duration(to: .now)
         #expect(try board.servo().failsafe?.contains("no frame for 300 ms") == true)
-        #expect(engagedAfter >= .milliseconds(300))
-        #expect(engagedAfter < .milliseconds(300 + 200), "engaged \(engagedAfter) after the last frame")
         #expect(eventually { abs(board.pulse(3) - 1500) < 5 })
         _ = central
     }
 
     @Test("A PCA9685 that stops answering puts the board in failsafe; the failsafe outputs land when it returns")
     func lastingFault() throws {
-        let board = try RunningBoard(yaml: board(faultMs: 200))
+        let board = try RunningBoard(yaml: testBoard(faultMs: 200))
         let central = try board.drivingCentral()
         board.bus.injectFault(.noAcknowledge, at: I2CAddress(0x40)!, for: .milliseconds(1500))
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 100)))
         #expect(eventually { (try? board.servo().failsafe)?.contains("not answering") == true })
-        #expect(eventually(timeout: .seconds(8)) { (try? board.servo().online) == true && board.pulse(4) == 0 && abs(board.pulse(3) - 1500) < 5 })
+        #expect(eventually { (try? board.servo().online) == true && board.pulse(4) == 0 && abs(board.pulse(3) - 1500) < 5 })
         _ = central
     }
 
-    @Test("A servo thread stuck in a bus write is reported as a failsafe")
+    @Test("A servo thread stuck in a bus write is reported as a failsafe, and the LED blinks fast")
     func stall() throws {
-        let board = try RunningBoard(yaml: board(stallMs: 200))
+        let board = try RunningBoard(yaml: testBoard(stallMs: 200))
         let central = try board.drivingCentral()
         board.bus.injectFault(.stall, at: I2CAddress(0x40)!, for: .milliseconds(800))
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 100)))
         #expect(eventually { (try? board.servo().failsafe)?.contains("stalled") == true })
-        #expect(try board.runtime.status().led?.pattern == "fast-blink" || eventually { (try? board.runtime.status().led?.pattern) == "fast-blink" })
+        #expect(eventually { (try? board.runtime.status().led?.pattern) == "fast-blink" })
     }
 
     @Test("Stopping the board switches every output off")
     func stopAllOff() throws {
-        let board = try RunningBoard(yaml: board())
+        let board = try RunningBoard(yaml: testBoard())
         _ = try board.drivingCentral()
         board.runtime.stop()
         #expect((0..<16).allSatisfy { board.pulse($0) == 0 })
@@ -160,18 +437,19 @@ struct BusPriorityTests {
         let servoCentral = try LoopbackTCPClient(port: board.port)
         let lcdCentral = try LoopbackTCPClient(port: board.port)
         try servoCentral.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
-        let end = ContinuousClock.now + .seconds(2)
         var round = 0
-        while ContinuousClock.now < end {
+        // Until the flood has contended with the servo path a good number of
+        // times (counted by the arbiter, not timed).
+        while round < 3000 {
             round += 1
             // Two full lines per round: far more than the display can take.
             try lcdCentral.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("flood \(round) ABCDEFGHIJ".utf8))) + FrameEncoder.encode(.lcdText(line: 1, text: Array("\(round) abcdefghijklmnop".utf8))))
             try servoCentral.send(FrameEncoder.encode(.servo(channel: 0, value: UInt16(round % 1000))))
-            usleep(2_000)
+            usleep(1_000)
+            if round % 100 == 0, (try board.servo().maxBusWaitUs) > 0, (try board.runtime.status().lcd?.busWrites ?? 0) > 50 { break }
         }
         let servo = try board.servo()
         #expect(servo.maxBusWaitUs > 0, "the flood never contended with the servo path; the test proved nothing")
         #expect(servo.maxLcdChunksWaited <= 1)
-        #expect((try board.runtime.status().lcd?.busWrites ?? 0) > 10)
     }
 }

@@ -4,6 +4,9 @@ import Foundation
 import Hardware
 import Testing
 @testable import Firmware
+import Board
+import Control
+import Reactor
 
 @Suite("Firmware core on an emulated board", .serialized)
 struct FirmwareCoreTests {

@@ -1,22 +1,25 @@
-import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import Control
 import Logging
+import Reactor
 import SystemPackage
 
-/// The Unix socket the `blecontrol` CLI talks to. Each connection is also a
-/// session (transport "control"), so `blecontrol send` exercises exactly the
-/// path a central's bytes take.
+/// The Unix socket the `blecontrol` CLI talks to. Each connection that
+/// sends frames is also a session (transport `control`), so `blecontrol
+/// send` exercises exactly the path a central's bytes take.
 public final class ControlServer: @unchecked Sendable {
-    // Loop-confined: used only on the event loop thread (other threads hop
-    // back with `loop.execute`), which makes the unchecked Sendable sound.
+    // Loop-confined: used only on the event loop (checked by the loop).
     private let loop: EventLoop
     private let hub: SessionHub
     private let dispatcher: Dispatcher
-    /// Gathers the status report (on the loop thread). Set by the owner
-    /// right after init, because the report needs the fully built runtime.
+    /// Gathers the status report and the poll snapshot (on the loop). Set by
+    /// the owner right after init, because they need the whole runtime.
     var statusProvider: (() -> StatusReport)?
+    var pollProvider: (() -> PollReport)?
     private let logger: Logger
-    private var listener: FileDescriptor?
-    private var token: EventLoop.Token?
+    private var listener: Listener?
     private var path: String?
     private var clients: [ObjectIdentifier: Client] = [:]
     /// A request line longer than this is refused and the connection closed.
@@ -39,42 +42,50 @@ public final class ControlServer: @unchecked Sendable {
     }
 
     public func start(path: String) throws {
-        let directory = (path as NSString).deletingLastPathComponent
-        if !directory.isEmpty {
-            try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        }
+        let directory = Files.directory(of: path)
+        if !directory.isEmpty { Files.makeDirectories(directory) }
         let fd = try Sockets.listenUnix(path: path)
-        listener = fd
+        let listener = Listener(fd: fd, loop: loop, maxConnections: 64)
+        listener.onAccept = { [weak self] fd, _ in self?.accepted(fd) }
+        listener.onEvent = { [logger] event in logger.warning("control socket: \(event)") }
+        do {
+            try listener.start()
+        } catch {
+            try? fd.close()
+            throw error
+        }
+        self.listener = listener
         self.path = path
-        token = loop.register(fd, interest: .readable) { [weak self] _ in self?.acceptPending() }
         logger.info("control socket at \(path)")
     }
 
     public func stop() {
-        if let token { loop.unregister(token) }
-        token = nil
-        try? listener?.close()
+        listener?.stop()
         listener = nil
         if let path { unlink(path) }
+        path = nil
         for client in clients.values { client.connection.close() }
         clients.removeAll()
     }
 
-    private func acceptPending() {
-        guard let listener else { return }
-        while let (fd, _) = (try? Sockets.accept(listener)) ?? nil {
-            let client = Client(connection: StreamConnection(fd: fd, loop: loop))
-            let key = ObjectIdentifier(client)
-            clients[key] = client
-            client.connection.onData = { [weak self, weak client] bytes in
-                guard let self, let client else { return }
-                self.received(bytes, from: client)
-            }
-            client.connection.onClose = { [weak self] _ in
-                guard let self, let client = self.clients.removeValue(forKey: key) else { return }
-                if let session = client.session { self.hub.close(session) }
-            }
-            client.connection.start()
+    private func accepted(_ fd: FileDescriptor) {
+        let client = Client(connection: StreamConnection(fd: fd, loop: loop))
+        let key = ObjectIdentifier(client)
+        clients[key] = client
+        listener?.openConnections = clients.count
+        client.connection.onData = { [weak self, weak client] bytes in
+            guard let self, let client else { return }
+            self.received(bytes, from: client)
+        }
+        client.connection.onClose = { [weak self] _ in
+            guard let self, let client = self.clients.removeValue(forKey: key) else { return }
+            self.listener?.openConnections = self.clients.count
+            if let session = client.session { self.hub.close(session) }
+        }
+        do {
+            try client.connection.start()
+        } catch {
+            client.connection.close()
         }
     }
 
@@ -87,28 +98,34 @@ public final class ControlServer: @unchecked Sendable {
         }
         if client.buffer.count > maxLine {
             respond(ControlProtocol.Response(ok: false, error: "request longer than \(maxLine) bytes"), to: client)
-            client.connection.close(reason: "request too long")
+            // The error reply goes out before the connection closes.
+            client.connection.finish(reason: "request too long")
         }
     }
 
     private func handle(_ line: [UInt8], from client: Client) {
         let request: ControlProtocol.Request
         do {
-            request = try ControlProtocol.decoder().decode(ControlProtocol.Request.self, from: Data(line))
+            request = try ControlProtocol.request(from: line)
         } catch {
-            return respond(ControlProtocol.Response(ok: false, error: "not a control request: \(error.localizedDescription)"), to: client)
+            return respond(ControlProtocol.Response(ok: false, error: "\(error)"), to: client)
         }
         switch request.op {
-        case "status":
+        case .status:
             guard let statusProvider else {
                 return respond(ControlProtocol.Response(ok: false, error: "status is not available yet"), to: client)
             }
             respond(ControlProtocol.Response(ok: true, status: statusProvider()), to: client)
-        case "send":
+        case .poll:
+            guard let pollProvider else {
+                return respond(ControlProtocol.Response(ok: false, error: "poll is not available yet"), to: client)
+            }
+            respond(ControlProtocol.Response(ok: true, poll: pollProvider()), to: client)
+        case .send:
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)
             }
-            let session = client.session ?? hub.open(transport: "control", peer: "cli") { [weak client] frame in
+            let session = client.session ?? hub.open(transport: .control, peer: "cli") { [weak client] frame in
                 client?.replies.append(contentsOf: frame)
             }
             client.session = session
@@ -122,16 +139,12 @@ public final class ControlServer: @unchecked Sendable {
                     server.respond(ControlProtocol.Response(ok: error == nil, error: error, replies: replies), to: client)
                 }
             }
-        default:
-            respond(ControlProtocol.Response(ok: false, error: "unknown op \"\(request.op)\" (status, send)"), to: client)
         }
     }
 
     private func respond(_ response: ControlProtocol.Response, to client: Client) {
         do {
-            var data = try ControlProtocol.encoder().encode(response)
-            data.append(UInt8(ascii: "\n"))
-            client.connection.send(Array(data))
+            client.connection.send(try ControlProtocol.line(response))
         } catch {
             logger.error("cannot encode control response: \(error)")
         }

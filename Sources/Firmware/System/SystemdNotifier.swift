@@ -1,8 +1,7 @@
-import Foundation
-
 #if canImport(Glibc)
 import Glibc
 #endif
+import Reactor
 
 /// sd_notify(3) without libsystemd: datagrams to `$NOTIFY_SOCKET` (a path,
 /// or an abstract socket when it starts with "@"). Silent when the daemon
@@ -14,12 +13,12 @@ public final class SystemdNotifier: @unchecked Sendable {
     /// Half of `$WATCHDOG_USEC` (the interval systemd documents for pings),
     /// nil when the unit has no watchdog.
     public let watchdogInterval: Duration?
-    private let lock = NSLock()
+    private let lock = Lock()
     private var lastPing: ContinuousClock.Instant?
 
     /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` (and `WATCHDOG_PID`, which
     /// must be ours when set) from the environment.
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+    public init(environment: [String: String] = SystemdNotifier.processEnvironment(["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"])) {
         var socketFD: Int32 = -1
         if let path = environment["NOTIFY_SOCKET"], !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: address.sun_path) {
             socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
@@ -41,6 +40,13 @@ public final class SystemdNotifier: @unchecked Sendable {
     }
 
     deinit { if fd >= 0 { close(fd) } }
+
+    /// The variables among `names` that are set.
+    public static func processEnvironment(_ names: [String]) -> [String: String] {
+        var values: [String: String] = [:]
+        for name in names { values[name] = Files.environment(name) }
+        return values
+    }
 
     /// True when systemd listens.
     public var isActive: Bool { fd >= 0 }

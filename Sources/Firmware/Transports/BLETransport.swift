@@ -1,47 +1,40 @@
+import Board
 import BlueZ
-import Foundation
 import Logging
+import Reactor
 
 /// BLEControl frames over BLE, through BlueZ on the system bus: each central
 /// (keyed by its BlueZ device path) is a session; ERROR replies go back as
-/// FFE1 notifications. The D-Bus side lives on its own thread
+/// FFE1 notifications. The D-Bus side lives on its own loop
 /// (``BLEPeripheral``); bytes hop to the event loop with `loop.execute`, so
-/// they keep their order and the loop never waits for D-Bus.
+/// they keep their order and the event loop never waits for D-Bus.
 public final class BLETransport: @unchecked Sendable {
     // `sessions` is loop-confined (touched only inside `loop.execute` or on
-    // the loop thread), and the peripheral is Sendable, which makes the
-    // unchecked Sendable sound.
+    // the loop), and the peripheral is Sendable, which makes the unchecked
+    // Sendable sound.
     private let loop: EventLoop
     private let hub: SessionHub
     private let dispatcher: Dispatcher
     private let logger: Logger
     private var peripheral: BLEPeripheral?
     private var sessions: [String: Session] = [:]
-    /// Shows the pairing passkey (`ble.security: authenticated`).
-    private let lcd: LCDService?
-    /// The bottom line the passkey covers, restored after pairing (loop-confined).
-    private var lineUnderPasskey: String?
+    /// A pairing passkey to show (nil: pairing over), on the loop. The
+    /// runtime puts it on the LCD: the transport writes to no device.
+    public var onPasskey: ((String?) -> Void)?
 
-    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, lcd: LCDService? = nil, logger: Logger) {
+    public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
         self.loop = loop
         self.hub = hub
         self.dispatcher = dispatcher
-        self.lcd = lcd
         self.logger = logger
     }
 
     /// Starts advertising through BlueZ (from any thread). Never fails: no
     /// bus or no BlueZ is a state shown in status, and is retried.
-    public func start(configuration: BLEConfiguration, boardName: String) {
-        let security: BLEPeripheral.Security
-        switch configuration.security {
-        case .open: security = .open
-        case .encrypted: security = .encrypted
-        case .authenticated: security = .authenticated
-        }
+    public func start(configuration: BLEConfiguration, boardName: String, version: String) throws {
         let peripheralConfiguration = BLEPeripheral.Configuration(
-            name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: security,
-            allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: BLEControlVersion.string,
+            name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: configuration.security,
+            allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: version,
             acquireWrite: configuration.acquireWrite
         )
         let handlers = BLEPeripheral.Handlers(
@@ -55,29 +48,30 @@ public final class BLETransport: @unchecked Sendable {
             },
             passkey: { [weak self] _, passkey in
                 guard let self else { return }
-                self.loop.execute { self.showPasskey(passkey) }
+                self.loop.execute { self.onPasskey?(passkey) }
             }
         )
-        let peripheral = BLEPeripheral(configuration: peripheralConfiguration, handlers: handlers, logger: logger)
+        let peripheral = try BLEPeripheral(configuration: peripheralConfiguration, handlers: handlers, logger: logger)
         self.peripheral = peripheral
         peripheral.start()
     }
 
-    /// Unregisters from BlueZ and ends every BLE session (call off the loop
-    /// thread, or on it: the sessions close on the loop either way).
+    /// Unregisters from BlueZ and ends every BLE session (call off the loop,
+    /// or on it: the sessions close on the loop either way).
     public func stop() {
         peripheral?.stop()
         peripheral = nil
         let close: @Sendable () -> Void = { [self] in
             for central in sessions.keys.sorted() { closeSession(central) }
         }
-        if loop.isOnLoop { close() } else { loop.execute(close) }
+        if loop.inLoop { close() } else { loop.execute(close) }
     }
 
     /// For status: what the BLE side is doing.
-    public var state: String { peripheral?.state ?? "stopped" }
+    public var stateDescription: String { peripheral?.stateDescription ?? "stopped" }
+    public var status: BLEPeripheral.Status? { peripheral?.status }
 
-    // MARK: Loop thread
+    // MARK: Loop
 
     private func received(_ bytes: [UInt8], from central: String, withResponse: Bool, done: @escaping @Sendable (String?) -> Void) {
         let session: Session
@@ -85,7 +79,7 @@ public final class BLETransport: @unchecked Sendable {
             session = existing
         } else {
             let peripheral = self.peripheral
-            session = hub.open(transport: "ble", peer: central) { frame in
+            session = hub.open(transport: .ble, peer: central) { frame in
                 peripheral?.notify(frame, central: central)
             }
             sessions[central] = session
@@ -95,20 +89,6 @@ public final class BLETransport: @unchecked Sendable {
         // reached the hardware (PROTOCOL.md "Transport"); ERROR replies went
         // out as notifications already.
         if withResponse { dispatcher.whenApplied(done) } else { done(nil) }
-    }
-
-    /// The passkey on the LCD's bottom line while a central pairs; nil puts
-    /// back what the line showed before.
-    private func showPasskey(_ passkey: String?) {
-        guard let lcd, lcd.rows > 0 else { return }
-        let row = lcd.rows - 1
-        if let passkey {
-            if lineUnderPasskey == nil { lineUnderPasskey = lcd.snapshot().lines.dropFirst(row).first ?? "" }
-            lcd.setLine(row, text: Array("PIN \(passkey)".utf8))
-        } else if let previous = lineUnderPasskey {
-            lineUnderPasskey = nil
-            lcd.setLine(row, text: Array(previous.utf8))
-        }
     }
 
     private func closeSession(_ central: String) {

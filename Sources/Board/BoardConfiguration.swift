@@ -1,0 +1,193 @@
+import BlueZ
+import Devices
+import Hardware
+
+/// Everything a board file says, validated. Built only by ``BoardFile``;
+/// every value in here is already known to be usable.
+public struct BoardConfiguration: Sendable {
+    /// A name for logs and status (`simulator`, `raspberry-pi`, …).
+    public var name: String
+    /// I2C buses by the name the devices refer to them with.
+    public var buses: [String: BusConfiguration]
+    /// The PCA9685 and its channels, if the board has one.
+    public var servo: ServoConfiguration?
+    /// The HD44780 on its PCF8574 backpack, if the board has one.
+    public var lcd: LCDConfiguration?
+    /// The status LED, if the board has one.
+    public var led: LEDConfiguration?
+    /// The BLE peripheral's settings.
+    public var ble: BLEConfiguration
+    /// The TCP transport, nil when disabled.
+    public var tcp: TCPConfiguration?
+    /// Where the control socket for `blecontrol` listens.
+    public var controlSocketPath: String
+    /// A partial frame older than this is discarded (PROTOCOL.md); nil: never.
+    public var protocolIdleTimeout: Duration?
+    /// No frame from any central for this long triggers the failsafe; nil: off.
+    public var silenceTimeout: Duration?
+    /// The servo thread inside one bus transfer this long is a stall: failsafe.
+    public var stallTimeout: Duration
+    /// The PCA9685 failing this long triggers the failsafe.
+    public var faultTimeout: Duration
+    /// SCHED_FIFO priority of the servo thread (1…99); 0: default scheduler.
+    public var realtimePriority: Int32
+    /// Lock the daemon's memory (mlockall) so the servo path never page-faults.
+    public var lockMemory: Bool
+    /// The file this came from, for messages.
+    public var sourcePath: String
+}
+
+/// One I2C bus.
+public struct BusConfiguration: Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// An in-process emulated bus with the board's emulated devices.
+        case emulated
+        /// A Linux i2c-dev character device such as `/dev/i2c-1`.
+        case device(path: String)
+    }
+    public var kind: Kind
+    /// Emulated buses only: how long each byte occupies the bus, so the
+    /// simulator can behave like a 100 kHz bus (about 90 µs per byte).
+    public var byteTime: Duration = .zero
+    /// The longest single write the adapter accepts (some SMBus-only
+    /// adapters stop at 32 bytes); nil: no limit known.
+    public var maxWriteLength: Int?
+}
+
+/// What a servo-path channel does when its controller is gone (issue #5
+/// builds the engine; the board file already says the policy).
+public enum FailsafeAction: Sendable, Equatable, CustomStringConvertible {
+    /// Keep the last pulse (servo default: a steering servo stays put).
+    case hold
+    /// Stop producing pulses (ESC and PWM default).
+    case off
+    /// Go to this pulse width.
+    case pulse(Microseconds)
+
+    public var description: String {
+        switch self {
+        case .hold: return "hold"
+        case .off: return "off"
+        case .pulse(let width): return "\(Int(width.value)) us"
+        }
+    }
+}
+
+/// The role of a channel decides how values are limited and what the
+/// failsafe does.
+public enum ChannelRole: String, Sendable, Equatable, CaseIterable, CustomStringConvertible {
+    case servo, esc, pwm
+    public var description: String { rawValue }
+}
+
+/// One protocol channel and the PCA9685 output it drives.
+public struct ChannelConfiguration: Sendable, Equatable {
+    /// The channel number centrals use (PROTOCOL.md `ch`).
+    public var channel: Int
+    /// The PCA9685 output pin (LED0…LED15).
+    public var output: Int
+    public var role: ChannelRole
+    /// The safe pulse range for servo and ESC channels.
+    public var minimum: Microseconds
+    public var center: Microseconds
+    public var maximum: Microseconds
+    /// Mirror values around the centre of the range (servo mounted reversed).
+    public var invert: Bool
+    public var failsafe: FailsafeAction
+    /// How long an ESC failsafe holds its neutral pulse before pulses stop.
+    public var failsafeDwell: Duration
+    /// Which PCA9685 of the board (index into ``ServoConfiguration/chips``).
+    public var chip: Int = 0
+
+    public init(channel: Int, output: Int, role: ChannelRole, minimum: Microseconds, center: Microseconds, maximum: Microseconds,
+                invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0) {
+        self.channel = channel
+        self.output = output
+        self.role = role
+        self.minimum = minimum
+        self.center = center
+        self.maximum = maximum
+        self.invert = invert
+        self.failsafe = failsafe
+        self.failsafeDwell = failsafeDwell
+        self.chip = chip
+    }
+}
+
+/// The PCA9685 servo controller.
+public struct ServoConfiguration: Sendable, Equatable {
+    public var bus: String
+    public var address: I2CAddress
+    public var frequency: Hertz
+    /// The chip's oscillator as measured on this board (23–27 MHz is common).
+    public var oscillator: Hertz
+    /// Totem-pole outputs (servo boards) rather than open-drain.
+    public var totemPole: Bool
+    /// Sorted by channel number; channel and output numbers are unique.
+    public var channels: [ChannelConfiguration]
+    /// Flush budget per PWM period (0: unlimited); see `ServoPath.Timing`.
+    public var maxFlushesPerPeriod: Int = 4
+}
+
+/// The HD44780 character LCD on a PCF8574 backpack.
+public struct LCDConfiguration: Sendable, Equatable {
+    public var bus: String
+    public var address: I2CAddress
+    public var columns: Int
+    public var rows: Int
+    public var pins: PCF8574PinMap
+    /// Characters per bus transaction: the unit the servo path may have to
+    /// wait behind.
+    public var charsPerTransaction: Int
+}
+
+/// The status LED.
+public enum LEDConfiguration: Sendable, Equatable {
+    case emulated
+    /// A GPIO line by chip (`gpiochip0`) and offset or line name.
+    case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
+}
+
+/// BLE peripheral settings (the BLE transport through BlueZ, issue #4).
+public struct BLEConfiguration: Sendable, Equatable {
+    public typealias Security = BLESecurity
+
+    public var enabled: Bool
+    public var name: String
+    public var adapter: String
+    public var security: Security = .open
+    /// Switch the adapter on when it is off.
+    public var powerOn: Bool = true
+    /// Addresses (`AA:BB:CC:DD:EE:FF`) allowed to write; empty: anyone.
+    public var allow: [String] = []
+    /// Offer AcquireWrite on FFE1: write-without-response frames then reach
+    /// the daemon through a socket with no D-Bus round trip per write. Off by
+    /// default because bluetoothd then routes writes *with* response through
+    /// that socket too and acknowledges them at once, before they are applied,
+    /// which breaks PROTOCOL.md's acknowledgement rule.
+    public var acquireWrite: Bool = false
+
+    public init(enabled: Bool, name: String, adapter: String, security: Security = .open, powerOn: Bool = true, allow: [String] = [], acquireWrite: Bool = false) {
+        self.enabled = enabled
+        self.name = name
+        self.adapter = adapter
+        self.security = security
+        self.powerOn = powerOn
+        self.allow = allow
+        self.acquireWrite = acquireWrite
+    }
+}
+
+/// The TCP transport.
+public struct TCPConfiguration: Sendable, Equatable {
+    public var host: String
+    public var port: UInt16
+    /// Connections open at once; more are accepted and closed at once.
+    public var maxConnections: Int = 64
+
+    public init(host: String, port: UInt16, maxConnections: Int = 64) {
+        self.host = host
+        self.port = port
+        self.maxConnections = maxConnections
+    }
+}

@@ -1,0 +1,319 @@
+import Devices
+import Hardware
+
+/// The board-file schema: which keys exist, their defaults and limits.
+/// `board/simulator.yaml` is the annotated reference of this schema.
+extension BoardReader {
+    func board(_ root: Node) -> BoardConfiguration? {
+        guard let top = mapping(root, "", allowed: [
+            "name", "buses", "servo", "lcd", "led", "ble", "transports", "control", "protocol", "failsafe", "realtime",
+        ]) else { return nil }
+        let name = string(top, "name", required: true) ?? "?"
+        let buses = top.entries["buses"].map(busList) ?? [:]
+        if top.entries["buses"] == nil { fail(root, "buses", "is required (at least one I2C bus)") }
+
+        let servo = top.entries["servo"].flatMap { servoController($0, buses: buses) }
+        let lcd = top.entries["lcd"].flatMap { display($0, buses: buses) }
+        if let servo, let lcd, servo.bus == lcd.bus, servo.address == lcd.address {
+            fail(top.entries["lcd"], "lcd.address", "\(lcd.address) is already the servo controller's address on bus \(lcd.bus)")
+        }
+        let led = top.entries["led"].flatMap(statusLED)
+        let ble = bluetooth(top.entries["ble"])
+        let tcp = tcpTransport(top.entries["transports"])
+        var controlSocket = "/run/blecontrol/control.sock"
+        if let node = top.entries["control"], let fields = mapping(node, "control", allowed: ["socket"]) {
+            controlSocket = string(fields, "socket", default: controlSocket) ?? controlSocket
+            if !controlSocket.hasPrefix("/") { fail(fields.entries["socket"], "control.socket", "must be an absolute path") }
+            if controlSocket.utf8.count > 107 { fail(fields.entries["socket"], "control.socket", "is longer than a Unix socket path may be (107 bytes)") }
+        }
+        var idleTimeout: Duration? = .milliseconds(500)
+        if let node = top.entries["protocol"], let fields = mapping(node, "protocol", allowed: ["idle_timeout_ms"]) {
+            idleTimeout = milliseconds(fields, "idle_timeout_ms", max: 60_000, default: 500)
+        }
+        var silenceTimeout: Duration?
+        var stallTimeout = Duration.milliseconds(500)
+        var faultTimeout = Duration.milliseconds(1000)
+        if let node = top.entries["failsafe"], let fields = mapping(node, "failsafe", allowed: ["silence_timeout_ms", "stall_timeout_ms", "fault_timeout_ms"]) {
+            silenceTimeout = milliseconds(fields, "silence_timeout_ms", max: 600_000, default: 0)
+            stallTimeout = integer(fields, "stall_timeout_ms", in: 50...60_000, default: 500).map { .milliseconds($0) } ?? stallTimeout
+            faultTimeout = integer(fields, "fault_timeout_ms", in: 50...60_000, default: 1000).map { .milliseconds($0) } ?? faultTimeout
+        }
+        var priority: Int32 = 0
+        var lockMemory = false
+        if let node = top.entries["realtime"], let fields = mapping(node, "realtime", allowed: ["priority", "lock_memory"]) {
+            // SCHED_FIFO priorities are 1…99 on Linux (sched(7)); 0 turns it off.
+            priority = Int32(integer(fields, "priority", in: 0...99, default: 0) ?? 0)
+            lockMemory = bool(fields, "lock_memory", default: false)
+        }
+        return BoardConfiguration(
+            name: name, buses: buses, servo: servo, lcd: lcd, led: led, ble: ble, tcp: tcp,
+            controlSocketPath: controlSocket, protocolIdleTimeout: idleTimeout, silenceTimeout: silenceTimeout,
+            stallTimeout: stallTimeout, faultTimeout: faultTimeout, realtimePriority: priority, lockMemory: lockMemory,
+            sourcePath: path
+        )
+    }
+
+    private func busList(_ node: Node) -> [String: BusConfiguration] {
+        guard case .mapping(let named, _) = node else {
+            fail(node, "buses", "must map bus names to bus settings")
+            return [:]
+        }
+        if named.isEmpty { fail(node, "buses", "must name at least one bus") }
+        var buses: [String: BusConfiguration] = [:]
+        for (key, value) in named {
+            guard let name = key.scalarText, !name.isEmpty else {
+                fail(key, "buses", "bus names must be plain names")
+                continue
+            }
+            let field = "buses.\(name)"
+            guard let fields = mapping(value, field, allowed: ["emulated", "device", "max_write_bytes", "byte_time_us"]) else { continue }
+            let maxWrite = integer(fields, "max_write_bytes", in: 2...8192)
+            let emulated = bool(fields, "emulated", default: false)
+            let device = string(fields, "device")
+            switch (emulated, device) {
+            case (true, nil):
+                // 9 clocks per byte at 100 kHz is 90 µs; 10 ms would be absurd.
+                let byteTime = integer(fields, "byte_time_us", in: 0...10_000, default: 0) ?? 0
+                buses[name] = BusConfiguration(kind: .emulated, byteTime: .microseconds(byteTime), maxWriteLength: maxWrite)
+            case (false, let path?):
+                if !path.hasPrefix("/dev/") { fail(fields.entries["device"], "\(field).device", "must be a device path such as /dev/i2c-1") }
+                if fields.entries["byte_time_us"] != nil { fail(fields.entries["byte_time_us"], "\(field).byte_time_us", "only applies to emulated buses") }
+                buses[name] = BusConfiguration(kind: .device(path: path), maxWriteLength: maxWrite)
+            case (true, _?):
+                fail(value, field, "is either `emulated: true` or `device: /dev/i2c-N`, not both")
+            case (false, nil):
+                fail(value, field, "needs `device: /dev/i2c-N` (or `emulated: true` for the simulator)")
+            }
+        }
+        return buses
+    }
+
+    private func checkBus(_ fields: Fields, _ buses: [String: BusConfiguration]) -> String? {
+        let defaultBus = buses.count == 1 ? buses.keys.first : nil
+        guard let bus = string(fields, "bus", required: defaultBus == nil, default: defaultBus) else { return nil }
+        if buses[bus] == nil, !buses.isEmpty {
+            fail(fields.entries["bus"], fields.path("bus"), "no bus named \"\(bus)\" (buses: \(buses.keys.sorted().joined(separator: ", ")))")
+            return nil
+        }
+        return bus
+    }
+
+    private func servoController(_ node: Node, buses: [String: BusConfiguration]) -> ServoConfiguration? {
+        guard let fields = mapping(node, "servo", allowed: [
+            "bus", "address", "frequency_hz", "oscillator_hz", "output_drive", "channels", "max_flushes_per_period",
+        ]) else { return nil }
+        let flushBudget = integer(fields, "max_flushes_per_period", in: 0...100, default: 4)
+        let bus = checkBus(fields, buses)
+        let address = address(fields, "address", default: 0x40)
+        // The prescaler spans 3…255 (datasheet §7.3.5): 24 Hz…1526 Hz at 25 MHz.
+        let frequency = number(fields, "frequency_hz", in: 24...1526, default: 50)
+        // §7.3.5 and the board variation issue #3 cites: 23–27 MHz internal,
+        // up to 50 MHz on EXTCLK.
+        let oscillator = number(fields, "oscillator_hz", in: 20_000_000...50_000_000, default: 25_000_000)
+        let totemPole = choice(fields, "output_drive", ["totem-pole": true, "open-drain": false], default: true)
+        var channels: [ChannelConfiguration] = []
+        if let list = fields.entries["channels"] {
+            channels = self.channels(list)
+        } else {
+            fail(node, "servo.channels", "is required: list the channels centrals may drive")
+        }
+        guard let bus, let address, let frequency, let oscillator, let totemPole, let flushBudget else { return nil }
+        if frequency > 400, channels.contains(where: { $0.role != .pwm }) {
+            fail(fields.entries["frequency_hz"], "servo.frequency_hz", "\(BoardReader.show(frequency)) Hz is too fast for servo/esc channels (their pulses are up to 2.5 ms; use ≤ 400 Hz)")
+        }
+        return ServoConfiguration(
+            bus: bus, address: address, frequency: Hertz(frequency), oscillator: Hertz(oscillator),
+            totemPole: totemPole, channels: channels.sorted { $0.channel < $1.channel },
+            maxFlushesPerPeriod: flushBudget
+        )
+    }
+
+    private func channels(_ node: Node) -> [ChannelConfiguration] {
+        guard case .sequence(let sequence, _) = node else {
+            fail(node, "servo.channels", "must be a list of channels")
+            return []
+        }
+        var result: [ChannelConfiguration] = []
+        var channelLines: [Int: Int] = [:]
+        var outputLines: [Int: Int] = [:]
+        for (index, item) in sequence.enumerated() {
+            let field = "servo.channels[\(index)]"
+            guard let fields = mapping(item, field, allowed: [
+                "channel", "output", "role", "min_us", "center_us", "max_us", "invert",
+                "failsafe", "failsafe_us", "failsafe_dwell_ms",
+            ]) else { continue }
+            // PROTOCOL.md: a channel is one byte.
+            let channel = integer(fields, "channel", in: 0...255, required: true)
+            let output = integer(fields, "output", in: 0...15, default: channel.flatMap { $0 <= 15 ? $0 : nil })
+            if fields.entries["output"] == nil, let channel, channel > 15 {
+                fail(item, "\(field).output", "is required for channel \(channel) (outputs are 0…15)")
+            }
+            let role = choice(fields, "role", Dictionary(uniqueKeysWithValues: ChannelRole.allCases.map { ($0.rawValue, $0) }), default: .servo)
+            // Hobby servos and ESCs are specified for 1000–2000 µs; some
+            // travel 500–2500 µs. Beyond that the pulse is not a servo pulse.
+            let minimum = number(fields, "min_us", in: 400...2600, default: 1000)
+            let maximum = number(fields, "max_us", in: 400...2600, default: 2000)
+            var center = number(fields, "center_us", in: 400...2600, default: nil)
+            if let minimum, let maximum {
+                if minimum >= maximum { fail(fields.entries["min_us"] ?? item, "\(field).min_us", "must be below max_us (\(BoardReader.show(maximum)))") }
+                if center == nil { center = (minimum + maximum) / 2 }
+                if let center, minimum < maximum, !(minimum...maximum).contains(center) {
+                    fail(fields.entries["center_us"], "\(field).center_us", "must lie within min_us…max_us")
+                }
+            }
+            let invert = bool(fields, "invert", default: false)
+            let failsafe = failsafeAction(fields, field: field, role: role, range: (minimum ?? 0)...(max(maximum ?? 0, minimum ?? 0)))
+            let dwell = integer(fields, "failsafe_dwell_ms", in: 0...10_000, default: 500)
+            if let channel {
+                if let line = channelLines[channel] { fail(fields.entries["channel"], "\(field).channel", "channel \(channel) is already defined on line \(line)") }
+                channelLines[channel] = fields.entries["channel"]?.line ?? 0
+            }
+            if let output {
+                if let line = outputLines[output] { fail(fields.entries["output"] ?? item, "\(field).output", "output \(output) is already used on line \(line)") }
+                outputLines[output] = (fields.entries["output"] ?? item).line ?? 0
+            }
+            guard let channel, let output, let role, let minimum, let maximum, let center, let failsafe, let dwell else { continue }
+            result.append(ChannelConfiguration(
+                channel: channel, output: output, role: role,
+                minimum: Microseconds(minimum), center: Microseconds(center), maximum: Microseconds(maximum),
+                invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell)
+            ))
+        }
+        return result
+    }
+
+    private func failsafeAction(_ fields: Fields, field: String, role: ChannelRole?, range: ClosedRange<Double>) -> FailsafeAction? {
+        // Defaults per role: a servo holds its position; an ESC and a PWM
+        // output stop (an ESC cuts the motor when pulses stop).
+        let fallback: FailsafeAction = role == .servo ? .hold : .off
+        let kind = choice(fields, "failsafe", ["hold": "hold", "off": "off", "pulse": "pulse"], default: fields.entries["failsafe_us"] == nil ? nil : "pulse")
+        switch kind {
+        case nil:
+            return fields.entries["failsafe"] == nil ? fallback : nil
+        case "pulse"?:
+            guard let width = number(fields, "failsafe_us", in: range, required: true) else { return nil }
+            if role == .pwm { fail(fields.entries["failsafe"], "\(field).failsafe", "a pwm channel's failsafe is `off`") }
+            return .pulse(Microseconds(width))
+        case "hold"?:
+            if role == .esc { fail(fields.entries["failsafe"], "\(field).failsafe", "an esc channel must not hold its throttle; use `off` or `pulse`") }
+            if fields.entries["failsafe_us"] != nil { fail(fields.entries["failsafe_us"], "\(field).failsafe_us", "only applies with `failsafe: pulse`") }
+            return .hold
+        default:
+            if fields.entries["failsafe_us"] != nil { fail(fields.entries["failsafe_us"], "\(field).failsafe_us", "only applies with `failsafe: pulse`") }
+            return .off
+        }
+    }
+
+    private func display(_ node: Node, buses: [String: BusConfiguration]) -> LCDConfiguration? {
+        guard let fields = mapping(node, "lcd", allowed: [
+            "bus", "address", "columns", "rows", "pins", "chars_per_transaction",
+        ]) else { return nil }
+        let bus = checkBus(fields, buses)
+        // PCF8574 0x20–0x27, PCF8574A 0x38–0x3F; other addresses are allowed
+        // for odd backpacks, the address range check is the I2C one.
+        let address = address(fields, "address", default: 0x27)
+        let columns = choice(fields, "columns", ["8": 8, "16": 16, "20": 20, "24": 24, "40": 40], default: 16)
+        let rows = choice(fields, "rows", ["1": 1, "2": 2, "4": 4], default: 2)
+        if let columns, let rows, columns * rows > 80 {
+            // The HD44780 has 80 bytes of DDRAM (datasheet §"DDRAM").
+            fail(node, "lcd", "\(columns)×\(rows) exceeds the HD44780's 80 characters of display RAM")
+        }
+        var pins = PCF8574PinMap.common
+        if let pinNode = fields.entries["pins"], let pinFields = mapping(pinNode, "lcd.pins", allowed: ["rs", "rw", "e", "backlight", "d4", "d5", "d6", "d7"]) {
+            func pin(_ key: String, _ value: Int) -> Int { integer(pinFields, key, in: 0...7, default: value) ?? value }
+            pins = PCF8574PinMap(rs: pin("rs", pins.rs), rw: pin("rw", pins.rw), e: pin("e", pins.e), backlight: pin("backlight", pins.backlight),
+                                 d4: pin("d4", pins.d4), d5: pin("d5", pins.d5), d6: pin("d6", pins.d6), d7: pin("d7", pins.d7))
+            do { try pins.validate() } catch let error as PCF8574PinMap.ValidationError { fail(pinNode, "lcd.pins", error.reason) } catch { fail(pinNode, "lcd.pins", "\(error)") }
+        }
+        let chunk = integer(fields, "chars_per_transaction", in: 1...20, default: 4)
+        guard let bus, let address, let columns, let rows, let chunk else { return nil }
+        return LCDConfiguration(bus: bus, address: address, columns: columns, rows: rows, pins: pins, charsPerTransaction: chunk)
+    }
+
+    private func statusLED(_ node: Node) -> LEDConfiguration? {
+        guard let fields = mapping(node, "led", allowed: ["emulated", "chip", "line", "line_name", "active_low"]) else { return nil }
+        if bool(fields, "emulated", default: false) {
+            if fields.entries.count > 1 { fail(node, "led", "`emulated: true` takes no other settings") }
+            return .emulated
+        }
+        let chip = string(fields, "chip", default: "gpiochip0")
+        let line = integer(fields, "line", in: 0...1023)
+        let lineName = string(fields, "line_name")
+        if (fields.entries["line"] == nil) == (fields.entries["line_name"] == nil) {
+            fail(node, "led", "needs exactly one of `line: N` or `line_name: NAME` (or `emulated: true`)")
+            return nil
+        }
+        let activeLow = bool(fields, "active_low", default: false)
+        guard let chip, line != nil || lineName != nil else { return nil }
+        return .gpio(chip: chip, line: line, lineName: lineName, activeLow: activeLow)
+    }
+
+    private func bluetooth(_ node: Node?) -> BLEConfiguration {
+        var ble = BLEConfiguration(enabled: true, name: "BLEControl", adapter: "hci0")
+        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow", "acquire_write"]) else { return ble }
+        ble.enabled = bool(fields, "enabled", default: true)
+        if let name = string(fields, "name") {
+            // A complete local name must fit the 31-byte advertisement with
+            // flags and a 128-bit UUID elsewhere; 29 bytes is the hard cap of
+            // one AD structure (Core Spec Vol 3 Part C §11).
+            if name.utf8.count > 29 { fail(fields.entries["name"], "ble.name", "is \(name.utf8.count) bytes; at most 29 fit an advertisement") }
+            ble.name = name
+        }
+        if let adapter = string(fields, "adapter") {
+            if !adapter.hasPrefix("hci") || Int(adapter.dropFirst(3)) == nil { fail(fields.entries["adapter"], "ble.adapter", "must name an adapter such as hci0") }
+            ble.adapter = adapter
+        }
+        let securities = Dictionary(uniqueKeysWithValues: BLEConfiguration.Security.allCases.map { ($0.rawValue, $0) })
+        ble.security = choice(fields, "security", securities, default: .open) ?? .open
+        ble.powerOn = bool(fields, "power_on", default: true)
+        ble.acquireWrite = bool(fields, "acquire_write", default: false)
+        if let allowNode = fields.entries["allow"] {
+            guard case .sequence(let items, _) = allowNode else {
+                fail(allowNode, "ble.allow", "must be a list of addresses such as [AA:BB:CC:DD:EE:FF]")
+                return ble
+            }
+            for item in items {
+                let text = item.scalarText?.uppercased() ?? ""
+                let octets = text.split(separator: ":", omittingEmptySubsequences: false)
+                guard octets.count == 6, octets.allSatisfy({ $0.count == 2 && UInt8($0, radix: 16) != nil }) else {
+                    fail(item, "ble.allow", "\"\(item.scalarText ?? "")\" is not a Bluetooth address (AA:BB:CC:DD:EE:FF)")
+                    continue
+                }
+                ble.allow.append(text)
+            }
+        }
+        return ble
+    }
+
+    private func tcpTransport(_ node: Node?) -> TCPConfiguration? {
+        guard let node, let fields = mapping(node, "transports", allowed: ["tcp"]) else { return nil }
+        guard let tcpNode = fields.entries["tcp"], let tcp = mapping(tcpNode, "transports.tcp", allowed: ["enabled", "listen", "max_connections"]) else { return nil }
+        guard bool(tcp, "enabled", default: true) else { return nil }
+        guard let listen = string(tcp, "listen", default: "127.0.0.1:7171") else { return nil }
+        guard var endpoint = TCPConfiguration(endpoint: listen) else {
+            fail(tcp.entries["listen"], "transports.tcp.listen", "\"\(listen)\" is not HOST:PORT (e.g. 127.0.0.1:7171 or [::1]:7171)")
+            return nil
+        }
+        // Each connection costs a descriptor and ~6 KB; the unit's
+        // LimitNOFILE= leaves room for 4096.
+        endpoint.maxConnections = integer(tcp, "max_connections", in: 1...4000, default: 64) ?? 64
+        return endpoint
+    }
+}
+
+extension TCPConfiguration {
+    /// Parses `HOST:PORT`: an IPv4 address, `[IPv6]` or a host name, and a
+    /// port 0…65535 (0 lets the kernel pick one).
+    public init?(endpoint: String) {
+        guard let colon = endpoint.lastIndex(of: ":") else { return nil }
+        var host = String(endpoint[..<colon])
+        guard let port = UInt16(endpoint[endpoint.index(after: colon)...]) else { return nil }
+        if host.hasPrefix("["), host.hasSuffix("]") {
+            host = String(host.dropFirst().dropLast())
+        } else if host.contains(":") {
+            return nil  // an IPv6 address needs brackets to separate the port
+        }
+        guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "[" || $0 == "]" || $0 == "/" }) else { return nil }
+        self.init(host: host, port: port)
+    }
+}

@@ -1,0 +1,58 @@
+import Devices
+import Hardware
+
+/// How protocol values become PCA9685 outputs for one configured channel.
+/// One place for the arithmetic of PROTOCOL.md's SERVO_VAL and PWM_VAL.
+extension ChannelConfiguration {
+    /// The original firmware's timers: 1 MHz tick, 20 000-tick (50 Hz) period.
+    static let originalPeriod = Microseconds(20_000)
+
+    /// SERVO_VAL: width = 1000 µs + value µs. Servo and ESC channels clamp it to
+    /// the nominal range, mirror it when inverted and apply their calibration
+    /// (`safePulse`); a PWM channel gets the raw width, as the original board
+    /// produced it.
+    public func output(forServoValue value: UInt16) -> PCA9685.Output {
+        let width = 1000 + Double(value)
+        switch role {
+        case .servo, .esc:
+            return .pulse(safePulse(width))
+        case .pwm:
+            return .pulse(Microseconds(min(width, Self.originalPeriod.value)))
+        }
+    }
+
+    /// PWM_VAL: duty = value / 1000, values above 1000 clamped to 100 %. On a
+    /// servo or ESC channel the same duty of the original 20 ms period is
+    /// turned into a pulse and clamped to the safe range: a 100 % duty would
+    /// otherwise hold a servo's signal line high.
+    public func output(forPWMValue value: UInt16) -> PCA9685.Output {
+        let duty = Double(min(value, 1000)) / 1000
+        switch role {
+        case .pwm:
+            return .duty(duty)
+        case .servo, .esc:
+            return .pulse(safePulse(duty * Self.originalPeriod.value))
+        }
+    }
+
+    /// The original board's nominal servo range: 1000…2000 µs, centre 1500.
+    static let nominal = (minimum: 1000.0, center: 1500.0, maximum: 2000.0)
+
+    /// Clamps a nominal width to 1000…2000 µs, mirrors it when inverted, and
+    /// maps it piecewise-linearly onto this channel's calibration: 1000 →
+    /// min_us, 1500 → center_us, 2000 → max_us. With the defaults
+    /// (1000/1500/2000) this is the identity, exactly PROTOCOL.md's
+    /// `1000 + value`; a servo that needs 600–2400 µs for its full travel,
+    /// or whose neutral sits at 1480 µs, gets it from the board file.
+    private func safePulse(_ width: Double) -> Microseconds {
+        let nominal = Self.nominal
+        var value = min(max(width, nominal.minimum), nominal.maximum)
+        if invert { value = nominal.minimum + nominal.maximum - value }
+        if value <= nominal.center {
+            let fraction = (value - nominal.minimum) / (nominal.center - nominal.minimum)
+            return Microseconds(minimum.value + fraction * (center.value - minimum.value))
+        }
+        let fraction = (value - nominal.center) / (nominal.maximum - nominal.center)
+        return Microseconds(center.value + fraction * (maximum.value - center.value))
+    }
+}

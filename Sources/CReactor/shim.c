@@ -1,0 +1,103 @@
+#define _GNU_SOURCE
+#include "CReactor.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int creactor_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+int creactor_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event event;
+    memset(&event, 0, sizeof event);
+    event.events = events;
+    event.data.u64 = data;
+    return epoll_ctl(epfd, op, fd, &event);
+}
+
+int creactor_epoll_wait(int epfd, creactor_event *events, int capacity, int timeout_ms) {
+    struct epoll_event raw[64];
+    if (capacity > 64) capacity = 64;
+    int count = epoll_wait(epfd, raw, capacity, timeout_ms);
+    for (int i = 0; i < count; i++) {
+        events[i].events = raw[i].events;
+        events[i].data = raw[i].data.u64;
+    }
+    return count;
+}
+
+int creactor_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+int creactor_signalfd(const sigset_t *mask) { return signalfd(-1, mask, SFD_NONBLOCK | SFD_CLOEXEC); }
+
+int creactor_signalfd_read(int fd, int32_t *sender_pid) {
+    struct signalfd_siginfo info;
+    for (;;) {
+        ssize_t n = read(fd, &info, sizeof info);
+        if (n == (ssize_t)sizeof info) {
+            if (sender_pid) *sender_pid = (int32_t)info.ssi_pid;
+            return (int)info.ssi_signo;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (n >= 0) errno = EIO;
+        return -1;
+    }
+}
+
+int creactor_sigrtmin(void) { return SIGRTMIN; }
+int creactor_sigrtmax(void) { return SIGRTMAX; }
+
+void creactor_set_thread_name(const char *name) {
+    char cut[16];
+    strncpy(cut, name, sizeof cut - 1);
+    cut[sizeof cut - 1] = 0;
+    pthread_setname_np(pthread_self(), cut);
+}
+
+int creactor_mutex_init(pthread_mutex_t *mutex, int priority_inheritance) {
+    pthread_mutexattr_t attributes;
+    int status = pthread_mutexattr_init(&attributes);
+    if (status != 0) return status;
+    if (priority_inheritance) {
+        status = pthread_mutexattr_setprotocol(&attributes, PTHREAD_PRIO_INHERIT);
+        if (status != 0) {
+            pthread_mutexattr_destroy(&attributes);
+            return status;
+        }
+    }
+    status = pthread_mutex_init(mutex, &attributes);
+    pthread_mutexattr_destroy(&attributes);
+    return status;
+}
+
+int creactor_cond_init_monotonic(pthread_cond_t *cond) {
+    pthread_condattr_t attributes;
+    int status = pthread_condattr_init(&attributes);
+    if (status != 0) return status;
+    status = pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+    if (status == 0) status = pthread_cond_init(cond, &attributes);
+    pthread_condattr_destroy(&attributes);
+    return status;
+}
+
+int64_t creactor_monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+int creactor_cond_timedwait_relative(pthread_cond_t *cond, pthread_mutex_t *mutex, int64_t nanoseconds_from_now) {
+    if (nanoseconds_from_now < 0) nanoseconds_from_now = 0;
+    int64_t deadline = creactor_monotonic_ns() + nanoseconds_from_now;
+    struct timespec until = { .tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000 };
+    return pthread_cond_timedwait(cond, mutex, &until);
+}
+
+int creactor_accept(int listener, void *address, unsigned int *length) {
+    return accept4(listener, (struct sockaddr *)address, (socklen_t *)length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}

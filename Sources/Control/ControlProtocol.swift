@@ -1,0 +1,113 @@
+/// The control socket's wire format, shared by the daemon and the CLI: one
+/// JSON object per line each way.
+///
+/// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`.
+/// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
+/// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
+/// or `{"ok":false,"error":"…"}`.
+public enum ControlProtocol {
+    /// What a request asks for.
+    public enum Operation: String, Codable, Sendable, CaseIterable {
+        /// The whole status report.
+        case status
+        /// A small snapshot for tight loops (``PollReport``).
+        case poll
+        /// Frames, as a central would send them.
+        case send
+    }
+
+    public struct Request: Codable, Sendable {
+        public var op: Operation
+        public var hex: String?
+        public init(op: Operation, hex: String? = nil) {
+            self.op = op
+            self.hex = hex
+        }
+    }
+
+    public struct Response: Codable, Sendable {
+        public var ok: Bool
+        public var error: String?
+        public var status: StatusReport?
+        public var poll: PollReport?
+        /// Frames the board sent back while applying a `send`, hex encoded.
+        public var replies: String?
+        public init(ok: Bool, error: String? = nil, status: StatusReport? = nil, poll: PollReport? = nil, replies: String? = nil) {
+            self.ok = ok
+            self.error = error
+            self.status = status
+            self.poll = poll
+            self.replies = replies
+        }
+    }
+
+    /// Reads a request line: a clear error for anything else, including an
+    /// unknown operation.
+    public static func request(from line: [UInt8]) throws -> Request {
+        let value: JSONValue
+        do {
+            value = try JSONValue.parse(line)
+        } catch {
+            throw JSONError("not a control request: \(error)")
+        }
+        guard case .string(let name)? = value["op"] else { throw JSONError("not a control request: no \"op\"") }
+        guard Operation(rawValue: name) != nil else {
+            throw JSONError("unknown op \"\(name)\" (\(Operation.allCases.map(\.rawValue).joined(separator: ", ")))")
+        }
+        return try JSONDecoderLite().decode(Request.self, from: value)
+    }
+
+    /// A response as one line (newline included).
+    public static func line(_ response: Response) throws -> [UInt8] {
+        var bytes = try JSONEncoderLite().encode(response)
+        bytes.append(UInt8(ascii: "\n"))
+        return bytes
+    }
+
+    /// Hex text (spaces, colons, commas and a 0x prefix per byte allowed) → bytes, or nil.
+    public static func bytes(fromHex text: String) -> [UInt8]? {
+        var digits: [UInt8] = []
+        var chunk = Array(text.lowercased().utf8)[...]
+        while let first = chunk.first {
+            if first == UInt8(ascii: "0"), chunk.dropFirst().first == UInt8(ascii: "x") {
+                chunk = chunk.dropFirst(2)
+                continue
+            }
+            chunk = chunk.dropFirst()
+            switch first {
+            case UInt8(ascii: " "), UInt8(ascii: ":"), UInt8(ascii: ","), UInt8(ascii: "\n"), UInt8(ascii: "\t"): continue
+            default: digits.append(first)
+            }
+        }
+        guard digits.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(digits.count / 2)
+        var index = 0
+        while index < digits.count {
+            guard let high = hexValue(digits[index]), let low = hexValue(digits[index + 1]) else { return nil }
+            bytes.append(high << 4 | low)
+            index += 2
+        }
+        return bytes
+    }
+
+    private static func hexValue(_ digit: UInt8) -> UInt8? {
+        switch digit {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return digit - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return digit - UInt8(ascii: "a") + 10
+        default: return nil
+        }
+    }
+
+    /// Bytes → lowercase hex without separators.
+    public static func hex<C: Collection>(_ bytes: C) -> String where C.Element == UInt8 {
+        let digits = Array("0123456789abcdef".utf8)
+        var text: [UInt8] = []
+        text.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 0x0F)])
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
+}

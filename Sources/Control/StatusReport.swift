@@ -1,0 +1,319 @@
+/// Everything `blecontrol status` shows, as one value. Its JSON (the
+/// `--json` contract) has snake_case keys, spelled out in each type's
+/// CodingKeys: no key conversion and no sorting at encode time, which is
+/// what made a status request cost ~75 µs of CPU.
+public struct StatusReport: Codable, Sendable, Equatable {
+    public struct Channel: Codable, Sendable, Equatable {
+        public var channel: Int
+        /// The PCA9685 output pin (on a multi-chip board, `chip:output` is `chip`/`output`).
+        public var output: Int
+        public var chip: String?
+        public var role: String
+        public var enabled: Bool
+        /// The last value command: "servo" or "pwm", and its raw value.
+        public var command: String?
+        public var value: Int?
+        /// The pulse the chip produces: on an emulated bus what the emulated
+        /// PCA9685 decoded from the bus traffic, on hardware what was written.
+        public var pulseUs: Double
+        public var duty: Double
+        /// An ESC stopped by a failsafe, waiting for ANALOG_OUT_EN on.
+        public var latched: Bool
+
+        public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool) {
+            self.channel = channel
+            self.output = output
+            self.chip = chip
+            self.role = role
+            self.enabled = enabled
+            self.command = command
+            self.value = value
+            self.pulseUs = pulseUs
+            self.duty = duty
+            self.latched = latched
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case channel, output, chip, role, enabled, command, value
+            case pulseUs = "pulse_us"
+            case duty, latched
+        }
+    }
+
+    public struct Switch: Codable, Sendable, Equatable {
+        public var `switch`: Int
+        public var on: Bool
+        /// Where it goes: "gpiochip0:GPIO22", "pca9685 0x40 output 12", "emulated".
+        public var output: String
+        public var error: String?
+
+        public init(switch index: Int, on: Bool, output: String, error: String? = nil) {
+            self.switch = index
+            self.on = on
+            self.output = output
+            self.error = error
+        }
+    }
+
+    public struct Servo: Codable, Sendable, Equatable {
+        public var online: Bool
+        public var error: String?
+        public var frequencyHz: Double
+        public var updates: Int
+        public var coalesced: Int
+        public var flushes: Int
+        public var busWrites: Int
+        public var failedFlushes: Int
+        public var latencyP50Us: Int?
+        public var latencyP99Us: Int?
+        public var latencyMaxUs: Int?
+        /// Updates slower than one PWM period.
+        public var deadlineMisses: Int
+        /// Why the outputs are in failsafe now (nil: they are not).
+        public var failsafe: String?
+        public var failsafeSeconds: Double?
+        /// How long the failsafe outputs took to reach the chip.
+        public var failsafeAppliedMs: Double?
+        /// Failsafes engaged since start.
+        public var failsafes: Int
+        /// The servo thread's scheduling policy.
+        public var scheduling: String
+        /// The most LCD transactions one servo write waited behind (≤ 1 by design).
+        public var maxLcdChunksWaited: Int
+        /// The longest a servo write waited for the bus.
+        public var maxBusWaitUs: Int
+
+        public init(online: Bool, error: String?, frequencyHz: Double, updates: Int, coalesced: Int, flushes: Int, busWrites: Int, failedFlushes: Int,
+                    latencyP50Us: Int?, latencyP99Us: Int?, latencyMaxUs: Int?, deadlineMisses: Int, failsafe: String?, failsafeSeconds: Double?,
+                    failsafeAppliedMs: Double?, failsafes: Int, scheduling: String, maxLcdChunksWaited: Int, maxBusWaitUs: Int) {
+            self.online = online
+            self.error = error
+            self.frequencyHz = frequencyHz
+            self.updates = updates
+            self.coalesced = coalesced
+            self.flushes = flushes
+            self.busWrites = busWrites
+            self.failedFlushes = failedFlushes
+            self.latencyP50Us = latencyP50Us
+            self.latencyP99Us = latencyP99Us
+            self.latencyMaxUs = latencyMaxUs
+            self.deadlineMisses = deadlineMisses
+            self.failsafe = failsafe
+            self.failsafeSeconds = failsafeSeconds
+            self.failsafeAppliedMs = failsafeAppliedMs
+            self.failsafes = failsafes
+            self.scheduling = scheduling
+            self.maxLcdChunksWaited = maxLcdChunksWaited
+            self.maxBusWaitUs = maxBusWaitUs
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case online, error
+            case frequencyHz = "frequency_hz"
+            case updates, coalesced, flushes
+            case busWrites = "bus_writes"
+            case failedFlushes = "failed_flushes"
+            case latencyP50Us = "latency_p50_us"
+            case latencyP99Us = "latency_p99_us"
+            case latencyMaxUs = "latency_max_us"
+            case deadlineMisses = "deadline_misses"
+            case failsafe
+            case failsafeSeconds = "failsafe_seconds"
+            case failsafeAppliedMs = "failsafe_applied_ms"
+            case failsafes, scheduling
+            case maxLcdChunksWaited = "max_lcd_chunks_waited"
+            case maxBusWaitUs = "max_bus_wait_us"
+        }
+    }
+
+    public struct LCD: Codable, Sendable, Equatable {
+        public var online: Bool
+        public var error: String?
+        public var columns: Int
+        public var rows: Int
+        /// What the display shows (emulated: decoded by the emulated HD44780).
+        public var lines: [String]
+        /// What centrals wrote, when a system message (failsafe, passkey)
+        /// covers it; nil when the display shows the centrals' text.
+        public var overlay: String?
+        public var busWrites: Int
+
+        public init(online: Bool, error: String?, columns: Int, rows: Int, lines: [String], overlay: String? = nil, busWrites: Int) {
+            self.online = online
+            self.error = error
+            self.columns = columns
+            self.rows = rows
+            self.lines = lines
+            self.overlay = overlay
+            self.busWrites = busWrites
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case online, error, columns, rows, lines, overlay
+            case busWrites = "bus_writes"
+        }
+    }
+
+    public struct LED: Codable, Sendable, Equatable {
+        public var pattern: String
+        public var lit: Bool
+        public var error: String?
+
+        public init(pattern: String, lit: Bool, error: String? = nil) {
+            self.pattern = pattern
+            self.lit = lit
+            self.error = error
+        }
+    }
+
+    public struct SessionInfo: Codable, Sendable, Equatable {
+        public var id: Int
+        public var transport: String
+        public var peer: String
+        public var bytes: Int
+        public var frames: Int
+        public var errors: Int
+        public var connectedSeconds: Double
+
+        public init(id: Int, transport: String, peer: String, bytes: Int, frames: Int, errors: Int, connectedSeconds: Double) {
+            self.id = id
+            self.transport = transport
+            self.peer = peer
+            self.bytes = bytes
+            self.frames = frames
+            self.errors = errors
+            self.connectedSeconds = connectedSeconds
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case id, transport, peer, bytes, frames, errors
+            case connectedSeconds = "connected_seconds"
+        }
+    }
+
+    public struct Counters: Codable, Sendable, Equatable {
+        public var frames: Int
+        public var errors: Int
+        public var discardedPartials: Int
+        public var sessionsTotal: Int
+        /// Connections closed at once because the session cap was reached.
+        public var refusedConnections: Int
+
+        public init(frames: Int, errors: Int, discardedPartials: Int, sessionsTotal: Int, refusedConnections: Int = 0) {
+            self.frames = frames
+            self.errors = errors
+            self.discardedPartials = discardedPartials
+            self.sessionsTotal = sessionsTotal
+            self.refusedConnections = refusedConnections
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case frames, errors
+            case discardedPartials = "discarded_partials"
+            case sessionsTotal = "sessions_total"
+            case refusedConnections = "refused_connections"
+        }
+    }
+
+    /// Where each transport listens, or why it is not running.
+    public struct Transports: Codable, Sendable, Equatable {
+        public var tcp: String?
+        public var ble: String?
+        public var serial: String?
+        public var control: String?
+
+        public init(tcp: String? = nil, ble: String? = nil, serial: String? = nil, control: String? = nil) {
+            self.tcp = tcp
+            self.ble = ble
+            self.serial = serial
+            self.control = control
+        }
+
+        /// The transports that are set, by name, in a fixed order.
+        public var named: [(String, String)] {
+            [("ble", ble), ("control", control), ("serial", serial), ("tcp", tcp)].compactMap { name, state in state.map { (name, $0) } }
+        }
+    }
+
+    /// The board file in use and its reloads (SIGHUP).
+    public struct Configuration: Codable, Sendable, Equatable {
+        public var path: String
+        public var reloads: Int
+        /// The last reload's outcome: "applied", or why it was refused.
+        public var lastReload: String?
+
+        public init(path: String, reloads: Int, lastReload: String?) {
+            self.path = path
+            self.reloads = reloads
+            self.lastReload = lastReload
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case path, reloads
+            case lastReload = "last_reload"
+        }
+    }
+
+    public var board: String
+    public var version: String
+    public var uptimeSeconds: Double
+    public var simulated: Bool
+    public var channels: [Channel]
+    public var switches: [Switch]
+    public var servo: Servo?
+    public var lcd: LCD?
+    public var led: LED?
+    public var sessions: [SessionInfo]
+    public var counters: Counters
+    public var transports: Transports
+    public var configuration: Configuration?
+
+    public init(board: String, version: String, uptimeSeconds: Double, simulated: Bool, channels: [Channel], switches: [Switch] = [], servo: Servo?,
+                lcd: LCD?, led: LED?, sessions: [SessionInfo], counters: Counters, transports: Transports, configuration: Configuration? = nil) {
+        self.board = board
+        self.version = version
+        self.uptimeSeconds = uptimeSeconds
+        self.simulated = simulated
+        self.channels = channels
+        self.switches = switches
+        self.servo = servo
+        self.lcd = lcd
+        self.led = led
+        self.sessions = sessions
+        self.counters = counters
+        self.transports = transports
+        self.configuration = configuration
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case board, version
+        case uptimeSeconds = "uptime_seconds"
+        case simulated, channels, switches, servo, lcd, led, sessions, counters, transports, configuration
+    }
+}
+
+/// What `{"op":"poll"}` answers: the few figures a script or benchmark
+/// polls in a tight loop, without building a whole status.
+public struct PollReport: Codable, Sendable, Equatable {
+    /// Frames dispatched since start (every transport).
+    public var frames: Int
+    /// Per configured channel: the pulse produced, in µs, in channel order.
+    public var pulsesUs: [Double]
+    public var failsafe: String?
+    /// Bus writes the servo path made.
+    public var busWrites: Int
+
+    public init(frames: Int, pulsesUs: [Double], failsafe: String?, busWrites: Int) {
+        self.frames = frames
+        self.pulsesUs = pulsesUs
+        self.failsafe = failsafe
+        self.busWrites = busWrites
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case frames
+        case pulsesUs = "pulses_us"
+        case failsafe
+        case busWrites = "bus_writes"
+    }
+}

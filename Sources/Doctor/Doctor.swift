@@ -1,0 +1,699 @@
+import BlueZ
+import Board
+import Control
+import DBus
+import Reactor
+import Hardware
+import LinuxHardware
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What `blecontrol doctor` checks against.
+public struct DoctorOptions: Sendable {
+    /// Where the installed service reads its board file.
+    public static let installedBoardPath = "/etc/blecontrol/board.yaml"
+    /// The user the systemd unit runs blecontrold as.
+    public static let serviceUser = "blecontrol"
+    /// The groups the unit gives that user (SupplementaryGroups=).
+    public static let serviceGroups = ["i2c", "gpio", "bluetooth"]
+
+    /// The board file; nil: ``installedBoardPath`` if it exists, else the
+    /// built-in simulator board.
+    public var boardPath: String?
+    /// The daemon's control socket; nil: `$BLECONTROL_SOCKET`, else the
+    /// board file's `control.socket`.
+    public var socketPath: String?
+    /// Where `/proc`, `/sys` and `/boot` are read.
+    public var system: SystemInspector
+    public var environment: [String: String]
+
+    public init(
+        boardPath: String? = nil,
+        socketPath: String? = nil,
+        system: SystemInspector = SystemInspector(),
+        environment: [String: String] = Doctor.processEnvironment()
+    ) {
+        self.boardPath = boardPath
+        self.socketPath = socketPath
+        self.system = system
+        self.environment = environment
+    }
+}
+
+/// The checks behind `blecontrol doctor`: the board file, the I2C buses and
+/// the chips on them, the LED line, the service user, the systemd unit,
+/// bluetoothd and the adapter, and the running daemon. Every warning and
+/// failure carries one line saying what to do.
+///
+/// Nothing here changes the machine. The chips are probed with reads only,
+/// which is safe while the daemon drives the same bus; the LED line is
+/// requested for an instant (driven to its inactive level, i.e. dark) and
+/// released, unless the daemon holds it.
+///
+/// A board whose buses and LED are all emulated (the simulator) needs none
+/// of the hardware, and runs without the service user or BlueZ: there those
+/// checks say "emulated: nothing to check" or warn instead of failing.
+public enum Doctor {
+    /// The process's environment as a dictionary.
+    public static func processEnvironment() -> [String: String] {
+        var result: [String: String] = [:]
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let text = String(cString: entry)
+            if let equals = text.firstIndex(of: "=") {
+                result[String(text[..<equals])] = String(text[text.index(after: equals)...])
+            }
+            pointer += 1
+        }
+        return result
+    }
+
+    /// Where a symbolic link points, nil if it is not one.
+    static func linkTarget(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let count = readlink(path, &buffer, buffer.count - 1)
+        guard count > 0 else { return nil }
+        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    public static func run(_ options: DoctorOptions) -> DoctorReport {
+        var context = Context(options: options)
+        let boardSection = context.checkBoard()
+        var sections = [boardSection]
+        if let configuration = context.configuration {
+            sections.append(context.checkI2C(configuration))
+            sections.append(context.checkLED(configuration))
+        }
+        sections.append(context.checkService())
+        sections.append(context.checkBluetooth())
+        sections.append(context.checkDaemon())
+        return DoctorReport(boardSource: context.boardSource, sections: sections)
+    }
+}
+
+/// State shared by the checks of one run.
+private struct Context {
+    let options: DoctorOptions
+    var system: SystemInspector { options.system }
+    var boardPath: String?
+    var boardSource: String
+    var configuration: BoardConfiguration?
+    /// The service user, looked up once.
+    let account: SystemInspector.Account?
+    /// Group ids the service runs with: the user's own plus SupplementaryGroups=.
+    let serviceGroupIDs: [UInt32]
+    let currentUser: String
+    private let quietLogger = Logger(label: "blecontrol.doctor") { _ in SwiftLogNoOpLogHandler() }
+
+    init(options: DoctorOptions) {
+        self.options = options
+        boardPath = options.boardPath
+            ?? (Files.exists(DoctorOptions.installedBoardPath) ? DoctorOptions.installedBoardPath : nil)
+        boardSource = boardPath ?? "(built-in simulator board)"
+        account = SystemInspector.account(named: DoctorOptions.serviceUser)
+        serviceGroupIDs = (account?.groups ?? []) + DoctorOptions.serviceGroups.compactMap(SystemInspector.groupID(named:))
+        currentUser = SystemInspector.userName(geteuid())
+    }
+
+    /// True when the board needs real hardware (a device bus or a GPIO LED).
+    var isRealBoard: Bool {
+        guard let configuration else { return boardPath != nil }
+        let deviceBus = configuration.buses.values.contains { bus in
+            if case .device = bus.kind { return true }
+            return false
+        }
+        if case .gpio? = configuration.led { return true }
+        return deviceBus
+    }
+
+    /// FAIL on a real board, WARN where the simulator can do without it.
+    var neededLevel: DoctorLevel { isRealBoard ? .fail : .warn }
+
+    // MARK: Board file
+
+    mutating func checkBoard() -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        do throws(BoardFileError) {
+            let loaded: BoardConfiguration
+            if let boardPath {
+                loaded = try BoardFile.load(path: boardPath)
+            } else {
+                loaded = try BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
+            }
+            configuration = loaded
+            let kind = isRealBoard ? "" : "; every bus and the LED are emulated"
+            findings.append(DoctorFinding(.ok, "board file", "\(boardSource) is valid (board \"\(loaded.name)\"\(kind))"))
+        } catch {
+            let path = boardPath ?? EmbeddedBoards.simulatorPath
+            let more = error.problems.count > 1 ? " (and \(error.problems.count - 1) more)" : ""
+            findings.append(DoctorFinding(
+                .fail, "board file", "\(error.problems.first?.description ?? "invalid")\(more)",
+                fix: "edit \(path) at the line shown; `blecontrold --board \(path) --check-board` lists every problem and re-checks"
+            ))
+            findings.append(DoctorFinding(.warn, "hardware", "not checked: the board file says what to check"))
+        }
+        return DoctorSection(title: "Board", findings: findings)
+    }
+
+    // MARK: I2C
+
+    func checkI2C(_ configuration: BoardConfiguration) -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        var opened: [String: any I2CBus] = [:]
+        var unavailable: [String: String] = [:]
+        for (name, bus) in configuration.buses.sorted(by: { $0.key < $1.key }) {
+            switch bus.kind {
+            case .emulated:
+                findings.append(DoctorFinding(.ok, "bus \(name)", "emulated: nothing to check"))
+            case .device(let path):
+                let (busFindings, handle) = checkBusDevice(name: name, path: path)
+                findings += busFindings
+                if let handle { opened[name] = handle } else { unavailable[name] = path }
+            }
+        }
+        if let servo = configuration.servo {
+            findings.append(probe(
+                "PCA9685 \(servo.address) on \(servo.bus)", bus: servo.bus, configuration: configuration,
+                opened: opened, unavailable: unavailable
+            ) { bus in
+                switch ChipProbe.pca9685(on: bus, at: servo.address) {
+                case .answered(let what):
+                    return DoctorFinding(.ok, "", "answers: \(what)")
+                case .absent:
+                    return DoctorFinding(
+                        .fail, "", "no answer at \(servo.address)",
+                        fix: "check the wiring (SDA pin 3, SCL pin 5, GND, VCC to 3.3 V) and the address jumpers A0–A5 against servo.address; `i2cdetect -y \(busNumber(configuration, servo.bus))` lists what answers"
+                    )
+                case .failed(let why):
+                    return DoctorFinding(.fail, "", why, fix: "check the wiring and pull-ups; `i2cdetect -y \(busNumber(configuration, servo.bus))` lists what answers")
+                }
+            })
+        }
+        if let lcd = configuration.lcd {
+            findings.append(probe(
+                "LCD backpack \(lcd.address) on \(lcd.bus)", bus: lcd.bus, configuration: configuration,
+                opened: opened, unavailable: unavailable
+            ) { bus in
+                switch ChipProbe.pcf8574(on: bus, at: lcd.address) {
+                case .answered(let what):
+                    return DoctorFinding(.ok, "", "answers: \(what)")
+                case .absent:
+                    if let twin = ChipProbe.pcf8574Twin(of: lcd.address), case .answered = ChipProbe.pcf8574(on: bus, at: twin) {
+                        return DoctorFinding(
+                            .fail, "", "no answer at \(lcd.address), but a backpack answers at \(twin)",
+                            fix: "set lcd.address: \(twin) in the board file (PCF8574 backpacks are 0x20–0x27, PCF8574A 0x38–0x3F)"
+                        )
+                    }
+                    return DoctorFinding(
+                        .fail, "", "no answer at \(lcd.address)",
+                        fix: "check the wiring and lcd.address (0x27 for a PCF8574 backpack, 0x3F for a PCF8574A); `i2cdetect -y \(busNumber(configuration, lcd.bus))` lists what answers"
+                    )
+                case .failed(let why):
+                    return DoctorFinding(.fail, "", why, fix: "check the wiring and pull-ups; a 5 V backpack needs its pull-ups removed or a level shifter")
+                }
+            })
+        }
+        return DoctorSection(title: "I2C", findings: findings)
+    }
+
+    /// The chip check on `busName`, or why it cannot be made.
+    private func probe(
+        _ subject: String,
+        bus busName: String,
+        configuration: BoardConfiguration,
+        opened: [String: any I2CBus],
+        unavailable: [String: String],
+        _ check: (any I2CBus) -> DoctorFinding
+    ) -> DoctorFinding {
+        var finding: DoctorFinding
+        if configuration.buses[busName]?.kind == .emulated {
+            finding = DoctorFinding(.ok, "", "emulated: nothing to check")
+        } else if let bus = opened[busName] {
+            finding = check(bus)
+        } else {
+            finding = DoctorFinding(.warn, "", "not probed: \(unavailable[busName] ?? busName) could not be opened (see above)")
+        }
+        finding.subject = subject
+        return finding
+    }
+
+    /// The N of /dev/i2c-N for i2cdetect, or the bus name.
+    private func busNumber(_ configuration: BoardConfiguration, _ bus: String) -> String {
+        guard case .device(let path)? = configuration.buses[bus]?.kind, let number = Self.adapterNumber(path) else { return "N" }
+        return number
+    }
+
+    static func adapterNumber(_ path: String) -> String? {
+        // The digits after the last "i2c-" (/dev/i2c-1 → 1).
+        let parts = path.split(separator: "i2c-", omittingEmptySubsequences: false)
+        guard parts.count > 1, let digits = parts.last else { return nil }
+        return !digits.isEmpty && digits.allSatisfy(\.isNumber) ? String(digits) : nil
+    }
+
+    /// The node, its access for the service user, and an open adapter to
+    /// probe with when this user may open it.
+    private func checkBusDevice(name: String, path: String) -> ([DoctorFinding], LinuxI2CBus?) {
+        let subject = "bus \(name)"
+        guard let node = SystemInspector.node(at: path) else {
+            let present = system.list("/sys/class/i2c-dev").map { "/dev/\($0)" }
+            let here = present.isEmpty ? "no I2C adapters here" : "adapters here: \(present.joined(separator: ", "))"
+            return ([DoctorFinding(.fail, subject, "\(path) does not exist (\(here))", fix: missingBusFix(name: name, path: path))], nil)
+        }
+        guard node.isCharacterDevice else {
+            return ([DoctorFinding(
+                .fail, subject, "\(path) is not a character device (\(node.description))",
+                fix: "set buses.\(name).device to an i2c-dev node such as /dev/i2c-1 (`i2cdetect -l` lists them)"
+            )], nil)
+        }
+        var findings: [DoctorFinding] = []
+        var access = ""
+        if let account {
+            if node.readWritable(uid: account.uid, groups: serviceGroupIDs) {
+                access = "; user \(account.name) may open it"
+            } else {
+                findings.append(DoctorFinding(
+                    .fail, subject, "\(path) (\(node.description)) is not readable and writable by user \(account.name)",
+                    fix: "install the udev rule (scripts/install puts it in /usr/lib/udev/rules.d/99-blecontrol.rules), then `sudo udevadm trigger --subsystem-match=i2c-dev`"
+                ))
+            }
+        }
+        do {
+            let bus = try LinuxI2CBus(path: path, logger: quietLogger, retries: 0)
+            let how = bus.usesSMBus ? "SMBus only" : "plain I2C"
+            findings.insert(DoctorFinding(.ok, subject, "\(path) (\(node.description), \(how))\(access)"), at: 0)
+            return (findings, bus)
+        } catch LinuxI2CBus.OpenError.permissionDenied {
+            findings.insert(DoctorFinding(
+                .warn, subject, "\(path) (\(node.description)) present\(access), but \(currentUser) may not open it to probe the chips",
+                fix: "run `sudo blecontrol doctor`, or add yourself to group \(SystemInspector.groupName(node.gid))"
+            ), at: 0)
+        } catch {
+            findings.insert(DoctorFinding(.fail, subject, "\(error)", fix: missingBusFix(name: name, path: path)), at: 0)
+        }
+        return (findings, nil)
+    }
+
+    /// The most specific fix for a missing /dev/i2c-N.
+    private func missingBusFix(name: String, path: String) -> String {
+        if !system.exists("/sys/class/i2c-dev") {
+            return "load the i2c-dev module: `sudo modprobe i2c-dev` (loaded at boot by /usr/lib/modules-load.d/blecontrol.conf once installed)"
+        }
+        let number = Self.adapterNumber(path)
+        if let number, system.exists("/sys/bus/i2c/devices/i2c-\(number)") || system.exists("/sys/class/i2c-adapter/i2c-\(number)") {
+            return "the adapter exists but udev made no \(path): `sudo udevadm trigger --subsystem-match=i2c-dev`"
+        }
+        if system.raspberryPiModel() != nil {
+            let config = system.configTxtPath() ?? "/boot/firmware/config.txt"
+            if system.configTxtEnablesI2C(config) {
+                return "\(config) enables I2C: reboot if you just added it; otherwise set buses.\(name).device to a bus `i2cdetect -l` lists"
+            }
+            return "enable the header's I2C bus: add dtparam=i2c_arm=on to \(config) (or `sudo raspi-config nonint do_i2c 0`) and reboot"
+        }
+        return "enable the bus (Raspberry Pi: dtparam=i2c_arm=on in config.txt, then reboot) or set buses.\(name).device to a bus `i2cdetect -l` lists"
+    }
+
+    // MARK: LED
+
+    func checkLED(_ configuration: BoardConfiguration) -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        switch configuration.led {
+        case nil:
+            findings.append(DoctorFinding(.ok, "LED", "none on this board"))
+        case .emulated?:
+            findings.append(DoctorFinding(.ok, "LED", "emulated: nothing to check"))
+        case .gpio(let chip, let line, let lineName, let activeLow)?:
+            let which = lineName ?? line.map { "line \($0)" } ?? "?"
+            let subject = "LED \(which)"
+            let chips = SystemInspector.gpioChips()
+            let chipPath = Self.gpioChipPath(chip)
+            if chips.isEmpty {
+                findings.append(DoctorFinding(
+                    .fail, subject, "no GPIO chips in /dev",
+                    fix: "the kernel exposes no GPIO character devices (CONFIG_GPIO_CDEV); `ls /dev/gpiochip*` should list some"
+                ))
+                break
+            }
+            if let chipPath, let node = SystemInspector.node(at: chipPath), let account,
+               !node.readWritable(uid: account.uid, groups: serviceGroupIDs) {
+                findings.append(DoctorFinding(
+                    .fail, subject, "\(chipPath) (\(node.description)) is not readable and writable by user \(account.name)",
+                    fix: "install the udev rule (/usr/lib/udev/rules.d/99-blecontrol.rules), then `sudo udevadm trigger --subsystem-match=gpio`"
+                ))
+            }
+            do {
+                let gpio = try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow, consumer: "blecontrol-doctor")
+                let label = gpio.label
+                gpio.close()
+                findings.insert(DoctorFinding(.ok, subject, "\(label) present and free"), at: 0)
+            } catch let error as GPIODLine.OpenError {
+                findings.insert(ledFinding(subject, error, chips: chips), at: 0)
+            } catch {
+                findings.insert(DoctorFinding(.fail, subject, "\(error)", fix: "`gpioinfo` shows the lines and who holds them"), at: 0)
+            }
+        }
+        let version = GPIODLine.libraryVersion
+        let api = version.hasPrefix("1.") ? "1.x API" : "2.x API"
+        findings.append(DoctorFinding(.ok, "libgpiod", "\(version) (\(api))"))
+        return DoctorSection(title: "LED", findings: findings)
+    }
+
+    private func ledFinding(_ subject: String, _ error: GPIODLine.OpenError, chips: [String]) -> DoctorFinding {
+        switch error {
+        case .lineBusy(let chip, let offset, let holder):
+            if let holder, holder.hasPrefix("blecontrol") {
+                return DoctorFinding(.ok, subject, "\(chip) line \(offset) held by \(holder) (the daemon has it)")
+            }
+            return DoctorFinding(
+                .fail, subject, error.description,
+                fix: "stop what holds it (`gpioinfo` names the consumer) or drop the overlay that claims the pin (dtoverlay=gpio-led, w1-gpio, …), or pick another line in led.line_name"
+            )
+        case .permissionDenied:
+            return DoctorFinding(
+                .warn, subject, "\(currentUser) may not open the GPIO chip to check the line",
+                fix: "run `sudo blecontrol doctor`, or add yourself to group gpio"
+            )
+        case .noSuchLine:
+            return DoctorFinding(.fail, subject, error.description, fix: "set led.line_name to a name `gpioinfo` lists (GPIO17 is header pin 11 on a Raspberry Pi)")
+        case .noSuchChip, .notAChip:
+            let list = chips.map { String($0.split(separator: "/").last ?? "") }.joined(separator: ", ")
+            return DoctorFinding(.fail, subject, error.description, fix: "set led.chip to one of: \(list) (`gpiodetect` describes them)")
+        case .offsetOutOfRange:
+            return DoctorFinding(.fail, subject, error.description, fix: "use led.line_name instead of a number (`gpioinfo` lists the names)")
+        case .invalidArguments, .system:
+            return DoctorFinding(.fail, subject, error.description, fix: "`gpioinfo` shows the chip's lines and who holds them")
+        }
+    }
+
+    /// The node for a board file's `led.chip` (as GPIODLine resolves it),
+    /// nil for "search every chip".
+    static func gpioChipPath(_ chip: String) -> String? {
+        let chip = chip.trimmed
+        if chip.isEmpty { return nil }
+        if chip.hasPrefix("/") { return chip }
+        if chip.allSatisfy(\.isNumber) { return "/dev/gpiochip\(chip)" }
+        return "/dev/\(chip)"
+    }
+
+    // MARK: Service
+
+    func checkService() -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        let user = DoctorOptions.serviceUser
+        if let account {
+            var missing: [String] = []
+            var notMember: [String] = []
+            for group in DoctorOptions.serviceGroups {
+                guard let gid = SystemInspector.groupID(named: group) else {
+                    missing.append(group)
+                    continue
+                }
+                if !account.groups.contains(gid) { notMember.append(group) }
+            }
+            let groups = account.groups.map(SystemInspector.groupName).joined(separator: ", ")
+            findings.append(DoctorFinding(.ok, "user \(user)", "uid \(account.uid), groups \(groups)"))
+            if !missing.isEmpty {
+                findings.append(DoctorFinding(
+                    neededLevel, "groups", "\(missing.joined(separator: ", ")) missing: the unit's SupplementaryGroups= would keep it from starting",
+                    fix: "`sudo systemd-sysusers blecontrol.conf` creates them"
+                ))
+            }
+            if !notMember.isEmpty {
+                findings.append(DoctorFinding(
+                    .warn, "groups", "\(user) is not in \(notMember.joined(separator: ", ")) (the unit adds them with SupplementaryGroups=)",
+                    fix: "`sudo usermod -aG \(notMember.joined(separator: ",")) \(user)`"
+                ))
+            }
+        } else {
+            findings.append(DoctorFinding(
+                neededLevel, "user \(user)", "does not exist\(isRealBoard ? "" : " (the simulator does not need it)")",
+                fix: "install (scripts/install or the .deb), or `sudo systemd-sysusers blecontrol.conf` with /usr/lib/sysusers.d/blecontrol.conf in place"
+            ))
+        }
+        if let unit = unitFinding() { findings.append(unit) }
+        return DoctorSection(title: "Service", findings: findings)
+    }
+
+    /// blecontrold.service as systemd sees it; nil where it does not matter.
+    /// On a simulated board the installed unit is not what is being checked,
+    /// so its trouble is a warning there.
+    private func unitFinding() -> DoctorFinding? {
+        guard var finding = serviceUnitFinding() else { return nil }
+        if !isRealBoard && finding.level == .fail { finding.level = .warn }
+        return finding
+    }
+
+    private func serviceUnitFinding() -> DoctorFinding? {
+        let subject = "blecontrold.service"
+        guard Files.exists( "/run/systemd/system") else {
+            return isRealBoard ? DoctorFinding(.warn, subject, "not checked: systemd is not running here") : nil
+        }
+        guard let text = SystemInspector.output(of: "/usr/bin/systemctl", [
+            "show", "blecontrold.service", "--property=LoadState,ActiveState,SubState,UnitFileState,Result",
+        ]) ?? SystemInspector.output(of: "/bin/systemctl", [
+            "show", "blecontrold.service", "--property=LoadState,ActiveState,SubState,UnitFileState,Result",
+        ]) else {
+            return DoctorFinding(.warn, subject, "not checked: systemctl did not answer")
+        }
+        var properties: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            if parts.count == 2 { properties[String(parts[0])] = String(parts[1]) }
+        }
+        let load = properties["LoadState"] ?? "", active = properties["ActiveState"] ?? ""
+        let sub = properties["SubState"] ?? "", enabled = properties["UnitFileState"] ?? ""
+        if load == "not-found" {
+            return isRealBoard
+                ? DoctorFinding(.warn, subject, "not installed", fix: "install it: scripts/install (or the .deb from scripts/build-deb)")
+                : nil
+        }
+        let state = "\(active) (\(sub)), \(enabled.isEmpty ? "unknown" : enabled)"
+        switch active {
+        case "active", "reloading", "activating":
+            if enabled != "enabled" && enabled != "static" {
+                return DoctorFinding(.warn, subject, state + ": will not start at boot", fix: "`sudo systemctl enable blecontrold`")
+            }
+            return DoctorFinding(.ok, subject, state)
+        case "failed":
+            return DoctorFinding(
+                .fail, subject, "\(state), result \(properties["Result"] ?? "?")",
+                fix: "`journalctl -u blecontrold -b -e` says why; after fixing: `sudo systemctl reset-failed blecontrold && sudo systemctl restart blecontrold`"
+            )
+        default:
+            return DoctorFinding(isRealBoard ? .fail : .warn, subject, state, fix: "`sudo systemctl enable --now blecontrold`")
+        }
+    }
+
+    // MARK: Bluetooth
+
+    func checkBluetooth() -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        // An invalid board file: check what a default board would need.
+        let ble = configuration?.ble ?? BLEConfiguration(enabled: true, name: "", adapter: "hci0")
+        guard ble.enabled else {
+            findings.append(DoctorFinding(.ok, "BLE", "disabled in the board file: nothing to check"))
+            return DoctorSection(title: "Bluetooth", findings: findings)
+        }
+        let level = neededLevel
+
+        let pids = system.processes(named: "bluetoothd")
+        if let pid = pids.first {
+            let version = bluetoothdVersion(pid: pid)
+            findings.append(DoctorFinding(.ok, "bluetoothd", "running (pid \(pid)), \(version.map { "BlueZ \($0)" } ?? "version unknown (bluetoothd --version did not answer)")"))
+            if let version, Self.isOlder(version, than: [5, 50]) {
+                findings.append(DoctorFinding(
+                    .warn, "bluetoothd", "BlueZ \(version) is older than 5.50: its LE advertising and GATT server interfaces may need --experimental",
+                    fix: "upgrade bluez (Raspberry Pi OS bookworm ships 5.66)"
+                ))
+            }
+        } else {
+            findings.append(DoctorFinding(
+                level, "bluetoothd", "not running\(isRealBoard ? "" : " (the simulator runs on TCP without it)")",
+                fix: "`sudo apt install bluez && sudo systemctl enable --now bluetooth`"
+            ))
+        }
+
+        let adapter = ble.adapter
+        let adapters = system.bluetoothAdapters()
+        if adapters.contains(adapter) {
+            findings.append(DoctorFinding(.ok, "adapter \(adapter)", "present"))
+            let switches = system.rfkillSwitches(for: adapter)
+            if switches.isEmpty {
+                findings.append(DoctorFinding(.ok, "rfkill", "no switch for \(adapter)"))
+            } else if let hard = switches.first(where: \.hardBlocked) {
+                findings.append(DoctorFinding(
+                    level, "rfkill", "\(hard.name) is hard-blocked",
+                    fix: "a hardware switch or the firmware blocks the radio: check for an airplane-mode switch; `rfkill list` shows it"
+                ))
+            } else if let soft = switches.first(where: \.softBlocked) {
+                findings.append(DoctorFinding(level, "rfkill", "\(soft.name) is soft-blocked", fix: "`sudo rfkill unblock bluetooth`"))
+            } else {
+                findings.append(DoctorFinding(.ok, "rfkill", "\(switches.map(\.name).joined(separator: ", ")) not blocked"))
+            }
+            findings.append(adapterPowered(adapter, level: level, bluetoothdRunning: !pids.isEmpty))
+        } else {
+            let others = adapters.filter { $0 != adapter }
+            let fix: String
+            if let other = others.first {
+                fix = "set ble.adapter: \(other) in the board file"
+            } else if system.raspberryPiModel() != nil {
+                fix = "the built-in radio needs no dtoverlay=disable-bt in config.txt and a running hciuart.service (`systemctl status hciuart`); or plug in a USB adapter"
+            } else {
+                fix = "plug in a Bluetooth LE adapter; `bluetoothctl list` shows the adapters bluetoothd uses"
+            }
+            let present = others.isEmpty ? "no adapters" : "adapters: \(others.joined(separator: ", "))"
+            findings.append(DoctorFinding(level, "adapter \(adapter)", "missing (\(present))", fix: fix))
+        }
+        return DoctorSection(title: "Bluetooth", findings: findings)
+    }
+
+    /// Asks bluetoothd itself (org.bluez Adapter1.Powered over the system
+    /// bus), the same way the BLE transport sees the adapter.
+    private func adapterPowered(_ adapter: String, level: DoctorLevel, bluetoothdRunning: Bool) -> DoctorFinding {
+        let subject = "adapter \(adapter) powered"
+        let fix = "`bluetoothctl power on` (or board file ble.power_on: true, the default, lets blecontrold do it)"
+        // A fake system root (tests) has no bus to ask.
+        guard system.root == "/" || system.root.isEmpty else {
+            return DoctorFinding(.warn, subject, "not checked (--system-root: no system bus to ask)", fix: fix)
+        }
+        guard bluetoothdRunning else {
+            return DoctorFinding(.warn, subject, "not checked (bluetoothd is not running)", fix: fix)
+        }
+        var logger = Logger(label: "blecontrol.doctor")
+        logger.logLevel = .critical
+        do {
+            let loop = try EventLoop(name: "doctor-dbus")
+            loop.start()
+            defer { loop.stop() }
+            let connection = try DBusConnection.system(loop: loop, logger: logger)
+            defer { connection.close() }
+            let reply = try connection.callAndWait(
+                destination: "org.bluez", path: "/org/bluez/\(adapter)", interface: "org.freedesktop.DBus.Properties",
+                method: "Get", arguments: [.string("org.bluez.Adapter1"), .string("Powered")], timeout: .seconds(2)
+            )
+            switch reply.first {
+            case .variant(.bool(true))?, .bool(true)?:
+                return DoctorFinding(.ok, subject, "yes")
+            case .variant(.bool(false))?, .bool(false)?:
+                return DoctorFinding(level, subject, "no", fix: fix)
+            default:
+                return DoctorFinding(.warn, subject, "unexpected answer from bluetoothd: \(reply)", fix: fix)
+            }
+        } catch {
+            return DoctorFinding(.warn, subject, "could not ask bluetoothd: \(error)", fix: "run doctor as root or a member of group bluetooth; \(fix)")
+        }
+    }
+
+    /// "5.66" from `bluetoothd --version`, trying where distributions put it.
+    private func bluetoothdVersion(pid: Int32) -> String? {
+        guard system.root == "/" || system.root.isEmpty else { return nil }
+        var candidates = ["/usr/libexec/bluetooth/bluetoothd", "/usr/lib/bluetooth/bluetoothd", "/usr/sbin/bluetoothd", "/usr/bin/bluetoothd"]
+        if let executable = Doctor.linkTarget("/proc/\(pid)/exe") {
+            candidates.insert(executable, at: 0)
+        }
+        for candidate in candidates {
+            if let text = SystemInspector.output(of: candidate, ["--version"]),
+               let first = text.split(whereSeparator: \.isWhitespace).first,
+               first.first?.isNumber == true {
+                return String(first)
+            }
+        }
+        return nil
+    }
+
+    static func isOlder(_ version: String, than minimum: [Int]) -> Bool {
+        let parts = version.split(separator: ".").map { Int($0) ?? 0 }
+        for (index, wanted) in minimum.enumerated() {
+            let have = index < parts.count ? parts[index] : 0
+            if have != wanted { return have < wanted }
+        }
+        return false
+    }
+
+    // MARK: Daemon
+
+    func checkDaemon() -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        let socket = options.socketPath
+            ?? options.environment["BLECONTROL_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? configuration?.controlSocketPath
+            ?? ControlClient.defaultPath()
+        let subject = "blecontrold"
+        if Files.exists( socket), access(socket, W_OK) != 0, errno == EACCES {
+            findings.append(DoctorFinding(
+                .warn, subject, "\(currentUser) may not use the control socket \(socket)",
+                fix: "`sudo usermod -aG blecontrol \(currentUser)` and log in again, or run `sudo blecontrol doctor`"
+            ))
+            return DoctorSection(title: "Daemon", findings: findings)
+        }
+        let status: StatusReport
+        do {
+            status = try ControlClient(path: socket, timeout: .seconds(3)).status()
+        } catch {
+            let fix = isRealBoard
+                ? "`sudo systemctl start blecontrold`; `journalctl -u blecontrold -e` says why it is not running"
+                : "start it: scripts/simulator, or `blecontrold\(boardPath.map { " --board \($0)" } ?? "")`"
+            findings.append(DoctorFinding(.fail, subject, "not reachable on \(socket)", fix: fix))
+            return DoctorSection(title: "Daemon", findings: findings)
+        }
+
+        let sessions = status.sessions.count == 1 ? "1 session" : "\(status.sessions.count) sessions"
+        let transports = status.transports.named.map { "\($0.0) \($0.1)" }.joined(separator: "; ")
+        findings.append(DoctorFinding(
+            .ok, subject,
+            "\(status.version) running board \"\(status.board)\"\(status.simulated ? " (simulated)" : ""), up \(Int(status.uptimeSeconds)) s, \(sessions); \(transports)"
+        ))
+        if let configuration, status.board != configuration.name {
+            findings.append(DoctorFinding(
+                .warn, subject, "runs board \"\(status.board)\", not \"\(configuration.name)\" from \(boardSource)",
+                fix: "restart it to load the file: `sudo systemctl restart blecontrold`"
+            ))
+        }
+        if let servo = status.servo {
+            if servo.online {
+                findings.append(DoctorFinding(.ok, "servo path", "PCA9685 online at \(servo.frequencyHz.fixed(1)) Hz, \(servo.scheduling)"))
+            } else {
+                findings.append(DoctorFinding(
+                    .fail, "servo path", "PCA9685 offline\(servo.error.map { ": \($0)" } ?? "")",
+                    fix: "check the PCA9685's wiring and address (the I2C checks above); the daemon retries on its own"
+                ))
+            }
+            if let configuration, configuration.name == status.board, configuration.realtimePriority > 0, !servo.scheduling.hasPrefix("SCHED_FIFO") {
+                findings.append(DoctorFinding(
+                    .warn, "servo path", "asked for SCHED_FIFO \(configuration.realtimePriority), got \(servo.scheduling)",
+                    fix: "the unit's LimitRTPRIO= must be at least realtime.priority (`sudo systemctl edit blecontrold`), or set realtime.priority: 0"
+                ))
+            }
+            if let failsafe = servo.failsafe {
+                findings.append(DoctorFinding(.warn, "servo path", "failsafe active: \(failsafe)", fix: "a central re-enables the channels (ANALOG_OUT_EN) and sends new values"))
+            }
+        }
+        if let lcd = status.lcd {
+            if lcd.online {
+                findings.append(DoctorFinding(.ok, "LCD", "online, \(lcd.columns)×\(lcd.rows)"))
+            } else {
+                findings.append(DoctorFinding(
+                    .fail, "LCD", "offline\(lcd.error.map { ": \($0)" } ?? "")",
+                    fix: "check the backpack's wiring, address and 5 V supply (the I2C checks above)"
+                ))
+            }
+        }
+        if let led = status.led, let error = led.error {
+            findings.append(DoctorFinding(.warn, "LED", error, fix: "see the LED checks above"))
+        }
+        return DoctorSection(title: "Daemon", findings: findings)
+    }
+}
+
+extension SystemInspector {
+    /// The GPIO chip nodes in /dev, in numeric order.
+    public static func gpioChips() -> [String] {
+        let entries = Files.list("/dev")
+        return entries.compactMap { entry -> (Int, String)? in
+            guard entry.hasPrefix("gpiochip"), let number = Int(entry.dropFirst(8)) else { return nil }
+            return (number, "/dev/\(entry)")
+        }.sorted { $0.0 < $1.0 }.map(\.1)
+    }
+}

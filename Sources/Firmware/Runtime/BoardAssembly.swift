@@ -1,0 +1,188 @@
+import Board
+import DeviceEmulators
+import Devices
+import Hardware
+import LinuxHardware
+import Logging
+
+/// The emulated chips of a simulator board, attached to its emulated buses
+/// when the buses are opened: the simulator is a board whose buses carry
+/// emulators, and nothing above this file knows the difference.
+public struct BoardEmulators: @unchecked Sendable {
+    // The emulators are thread-safe themselves; this is a bag of references.
+    public var buses: [String: EmulatedI2CBus] = [:]
+    public var pca9685: [PCA9685Emulator] = []
+    public var lcd: LCDBackpackEmulator?
+    public var led: EmulatedDigitalOutput?
+
+    public var isEmpty: Bool { buses.isEmpty && led == nil }
+}
+
+/// What a status report reads back from the hardware: on a simulator board
+/// what the emulated chips decoded from the bus traffic, so status checks
+/// the drivers rather than the daemon's intentions; on real hardware
+/// nothing (status then shows what was written).
+protocol OutputObserver: Sendable {
+    func output(chip: Int, output: Int) -> (pulse: Double, duty: Double)?
+    func displayLines() -> [String]?
+    func ledLit() -> Bool?
+}
+
+struct EmulatorObserver: OutputObserver {
+    let emulators: BoardEmulators
+
+    func output(chip: Int, output: Int) -> (pulse: Double, duty: Double)? {
+        guard emulators.pca9685.indices.contains(chip) else { return nil }
+        let produced = emulators.pca9685[chip].output(channel: output)
+        return (produced.pulseWidth.value, produced.duty)
+    }
+
+    func displayLines() -> [String]? { emulators.lcd.map { $0.lcd.lines } }
+    func ledLit() -> Bool? { emulators.led?.isActive }
+}
+
+/// Opens the I2C buses a board file names: one place for the emulated and
+/// the Linux backends, used by the daemon and by `safe-outputs`. An
+/// emulated bus comes with the board's chips on it.
+public enum BoardBuses {
+    public struct SetupError: Error, CustomStringConvertible {
+        public var description: String
+        public init(description: String) { self.description = description }
+    }
+
+    /// The buses by name, and the emulators attached to the emulated ones.
+    public static func open(_ configuration: BoardConfiguration, logger: Logger) throws -> (buses: [String: any I2CBus], emulators: BoardEmulators) {
+        var buses: [String: any I2CBus] = [:]
+        var emulators = BoardEmulators()
+        for (name, bus) in configuration.buses.sorted(by: { $0.key < $1.key }) {
+            switch bus.kind {
+            case .emulated:
+                let emulated = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength, byteTime: bus.byteTime)
+                emulators.buses[name] = emulated
+                buses[name] = emulated
+            case .device(let path):
+                do {
+                    // On an SMBus-only adapter the PCF8574's port bytes go out
+                    // as I2C block writes: the "command" byte is just the
+                    // first port byte on the wire, and the PCF8574 latches
+                    // every byte it receives (NXP PCF8574 datasheet §8.2), so
+                    // a 33-byte block equals a plain write (the HD44780 driver
+                    // keeps writes within maxWriteLength): 4 transfers per
+                    // LCD line instead of 68 send-bytes.
+                    buses[name] = try LinuxI2CBus(path: path, logger: logger)
+                } catch {
+                    throw SetupError(description: "bus \(name): \(error)")
+                }
+            }
+        }
+        if let servo = configuration.servo, let emulated = emulators.buses[servo.bus] {
+            let chip = PCA9685Emulator(oscillator: servo.oscillator)
+            emulated.attach(chip, at: servo.address)
+            emulators.pca9685.append(chip)
+        }
+        if let lcd = configuration.lcd, let emulated = emulators.buses[lcd.bus] {
+            let display = LCDBackpackEmulator(columns: lcd.columns, rows: lcd.rows, pinMap: lcd.pins)
+            emulated.attach(display, at: lcd.address)
+            emulators.lcd = display
+        }
+        return (buses, emulators)
+    }
+
+    /// Switches every PCA9685 output off with one write per chip, without
+    /// starting or sleeping the chip: what `blecontrold safe-outputs` does
+    /// after a crash (systemd's ExecStopPost=). It is the one thing that
+    /// touches the chips without the instance lock, on purpose: it runs
+    /// when the daemon that held the lock is gone (or hung), and an all-off
+    /// write is safe whatever state the chip is in. Returns what it did.
+    public static func safeOutputs(_ configuration: BoardConfiguration, logger: Logger) throws -> String {
+        guard let servo = configuration.servo, let kind = configuration.buses[servo.bus]?.kind else {
+            return "no servo controller on this board: nothing to switch off"
+        }
+        if kind == .emulated { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
+        let (buses, _) = try open(configuration, logger: logger)
+        guard let bus = buses[servo.bus] else { return "no bus \(servo.bus)" }
+        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(address: servo.address, frequency: servo.frequency, oscillator: servo.oscillator, totemPole: servo.totemPole), logger: logger)
+        try driver.allOff()
+        return "PCA9685 \(servo.address) on \(servo.bus): every output off"
+    }
+}
+
+/// Everything a board file describes, built and wired but not started:
+/// buses (behind their arbiters), the servo path, the LCD service, the
+/// status LED, and what status reads back. Nothing touches a bus yet.
+struct BoardAssembly {
+    let configuration: BoardConfiguration
+    let emulators: BoardEmulators
+    let observer: (any OutputObserver)?
+    let servo: ServoPath?
+    let servoArbiter: BusArbiter?
+    let servoFrequency: Hertz
+    let lcd: LCDService?
+    let led: StatusLED?
+
+    init(configuration: BoardConfiguration, watchdogInterval: Duration?, logger: Logger) throws {
+        self.configuration = configuration
+        let (buses, attached) = try BoardBuses.open(configuration, logger: logger)
+        var emulators = attached
+        var arbiters: [String: BusArbiter] = [:]
+        for (name, bus) in buses { arbiters[name] = BusArbiter(bus: bus) }
+
+        if let servoConfiguration = configuration.servo, let arbiter = arbiters[servoConfiguration.bus] {
+            let driver = PCA9685(
+                bus: arbiter.client(.servo),
+                configuration: PCA9685.Configuration(
+                    address: servoConfiguration.address, frequency: servoConfiguration.frequency,
+                    oscillator: servoConfiguration.oscillator, totemPole: servoConfiguration.totemPole
+                ),
+                logger: logger
+            )
+            servoFrequency = driver.actualFrequency
+            var timing = ServoPath.Timing()
+            timing.period = .microseconds(Int64(1_000_000 / servoFrequency.value))
+            timing.faultFailsafeAfter = configuration.faultTimeout
+            timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
+            // The watchdog is fed from the servo thread, so a stalled servo
+            // thread is what the watchdog catches; without one, an idle
+            // servo thread sleeps until there is work.
+            timing.heartbeat = watchdogInterval.map { $0 / 2 }
+            servo = ServoPath(
+                driver: driver, channels: servoConfiguration.channels, timing: timing,
+                realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,
+                logger: logger
+            )
+            servoArbiter = arbiter
+        } else {
+            servoFrequency = Hertz(50)
+            servo = nil
+            servoArbiter = nil
+        }
+
+        if let lcdConfiguration = configuration.lcd, let arbiter = arbiters[lcdConfiguration.bus] {
+            let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
+            let driver = HD44780(
+                interface: PCF8574Interface(bus: arbiter.client(.display), backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins)),
+                geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger
+            )
+            lcd = LCDService(driver: driver, geometry: geometry, logger: logger)
+        } else {
+            lcd = nil
+        }
+
+        switch configuration.led {
+        case .emulated?:
+            let output = EmulatedDigitalOutput()
+            emulators.led = output
+            led = StatusLED(output: output, logger: logger)
+        case .gpio(let chip, let line, let lineName, let activeLow)?:
+            do {
+                led = StatusLED(output: try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow), logger: logger)
+            } catch {
+                throw BoardBuses.SetupError(description: "led: \(error)")
+            }
+        case nil:
+            led = nil
+        }
+        self.emulators = emulators
+        observer = emulators.isEmpty ? nil : EmulatorObserver(emulators: emulators)
+    }
+}

@@ -1,0 +1,234 @@
+import BLEControlProtocol
+import Board
+import Control
+import Devices
+import Hardware
+import Logging
+import Reactor
+
+/// A board brought to life from its board file: the parts
+/// (``BoardAssembly``), the event loop with its transports and the control
+/// socket, the failsafe watch and the status LED. Start and stop run in a
+/// fixed order: outputs are all off before any transport accepts a frame,
+/// and transports close before the outputs are switched off at the end.
+///
+/// Who owns what: the servo path owns the failsafe state (the one source of
+/// truth); the LCD service owns everything shown on the display, the
+/// board's own messages included; this type only wires events between
+/// them, on the event loop.
+public final class BoardRuntime: @unchecked Sendable {
+    // Everything mutable is loop-confined, except `stopped` (under `stopLock`).
+    public internal(set) var configuration: BoardConfiguration
+    public let loop: EventLoop
+    let logger: Logger
+    private let startedAt = ContinuousClock.now
+    private let instanceLock: InstanceLock
+    let parts: BoardAssembly
+    let dispatcher: Dispatcher
+    let hub: SessionHub
+    let tcp: TCPTransport
+    let ble: BLETransport
+    private let control: ControlServer
+    private let controlSocketPath: String
+    var watch: FailsafeWatch?
+    private var indicator: StatusIndicator?
+    var transportState = StatusReport.Transports()
+    var reloads = 0
+    var lastReload: String?
+    private let stopLock = Lock()
+    private var stopped = false
+    /// systemd's notification socket (READY, STATUS, WATCHDOG), if any.
+    public let notifier: SystemdNotifier
+
+    /// The emulated chips of a simulator board (nil on real hardware).
+    public var emulators: BoardEmulators? { parts.emulators.isEmpty ? nil : parts.emulators }
+
+    /// Takes the board's instance lock, then builds every device the board
+    /// file names. Nothing touches a bus yet.
+    ///
+    /// - Parameters:
+    ///   - controlSocketPath: overrides the board file's control socket;
+    ///     the instance lock lives beside it.
+    ///   - notifier: systemd's notification socket (tests pass their own).
+    public init(configuration: BoardConfiguration, logger: Logger, controlSocketPath: String? = nil, notifier: SystemdNotifier = SystemdNotifier()) throws {
+        self.configuration = configuration
+        self.logger = logger
+        self.notifier = notifier
+        let socketPath = controlSocketPath ?? configuration.controlSocketPath
+        self.controlSocketPath = socketPath
+        // Before any device is opened: a second daemon must not touch the chips.
+        instanceLock = try InstanceLock(directory: Files.environment("RUNTIME_DIRECTORY") ?? Files.directory(of: socketPath), board: configuration.name)
+        loop = try EventLoop(name: "blecontrol-io")
+        parts = try BoardAssembly(configuration: configuration, watchdogInterval: notifier.watchdogInterval, logger: logger)
+        dispatcher = Dispatcher(servo: parts.servo, lcd: parts.lcd, logger: logger)
+        hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
+        tcp = TCPTransport(loop: loop, hub: hub, maxConnections: configuration.tcp?.maxConnections ?? 64, logger: logger)
+        ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
+        control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
+        control.statusProvider = { [unowned self] in self.statusOnLoop() }
+        control.pollProvider = { [unowned self] in self.pollOnLoop() }
+        wire()
+    }
+
+    /// Starts everything in order. A device that does not answer is not an
+    /// error here: it is reported and retried; a transport that cannot bind is.
+    ///
+    /// - Parameter loopStarted: runs on the loop before any transport
+    ///   accepts (the daemon attaches its signal source there).
+    public func start(tcpOverride: (host: String, port: UInt16)? = nil, loopStarted: (@Sendable (EventLoop) throws -> Void)? = nil) throws {
+        // Outputs first: the servo thread switches every output off before it
+        // applies anything, and no transport exists yet to submit anything.
+        parts.servo?.start()
+        parts.lcd?.start()
+        loop.start()
+        try loop.submitAndWait { [self] in
+            try loopStarted?(loop)
+            if let endpoint = tcpOverride ?? configuration.tcp.map({ ($0.host, $0.port) }) {
+                try tcp.start(host: endpoint.0, port: endpoint.1)
+                transportState.tcp = "\(endpoint.0):\(tcp.port ?? endpoint.1)"
+            } else {
+                transportState.tcp = "disabled in the board file"
+            }
+            if configuration.ble.enabled {
+                // Never fails for a missing BlueZ: that is a state in status, retried.
+                try ble.start(configuration: configuration.ble, boardName: configuration.name, version: BLEControlVersion.string)
+            } else {
+                transportState.ble = "disabled in the board file"
+            }
+            try control.start(path: controlSocketPath)
+            transportState.control = controlSocketPath
+            indicator?.start()
+        }
+        notifier.notify("READY=1\nSTATUS=board \(configuration.name) running")
+    }
+
+    /// Stops in reverse order: transports (sessions end), then the LCD, then
+    /// the servo path, which switches every output off. Idempotent.
+    public func stop() {
+        let first = stopLock.withLock { () -> Bool in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        notifier.notify("STOPPING=1\nSTATUS=stopping: outputs off")
+        if !loop.inLoop {
+            _ = try? loop.submitAndWait { [self] in
+                tcp.stop()
+                control.stop()
+                watch?.cancel()
+                indicator?.stop()
+            }
+        }
+        ble.stop()
+        loop.stop()
+        parts.lcd?.stop()
+        parts.servo?.stop()
+        if let led = parts.led {
+            led.pattern = .off
+            _ = led.update(at: .now)
+        }
+        instanceLock.release()
+    }
+
+    /// The TCP port actually bound (for tests that ask for port 0).
+    public var tcpPort: UInt16? {
+        try? loop.submitAndWait { [self] in tcp.port }
+    }
+
+    /// The status report, gathered on the loop.
+    public func status() throws -> StatusReport {
+        try loop.submitAndWait { [self] in statusOnLoop() }
+    }
+
+    /// Clears servo latency figures (benchmarks measure phases separately).
+    public func resetServoMetrics() { parts.servo?.resetMetrics() }
+
+    /// Engages the failsafe from outside (tests, signals).
+    public func engageFailsafe(reason: String) {
+        parts.servo?.engageFailsafe(reason: reason)
+    }
+
+    // MARK: Wiring
+
+    /// Every failsafe trigger to the servo path's engine, and its outcome to
+    /// the LCD, the LED and systemd: the last central leaving, silence, a
+    /// stalled servo thread, a lasting I2C fault (the servo path's own).
+    private func wire() {
+        let notifier = self.notifier
+        if let led = parts.led {
+            indicator = StatusIndicator(loop: loop, led: led) { [unowned self] in self.ledPattern() }
+        }
+        guard let servo = parts.servo else {
+            hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
+            return
+        }
+        servo.onHeartbeat = { notifier.watchdogPing() }
+        servo.onFailsafe = { [weak self] reason in
+            notifier.notify("STATUS=failsafe: \(reason)")
+            guard let self else { return }
+            self.loop.execute { self.failsafeEngaged(reason) }
+        }
+        let watch = FailsafeWatch(
+            loop: loop, silenceTimeout: configuration.silenceTimeout, stallTimeout: configuration.stallTimeout,
+            lastFrame: { [unowned self] in self.hub.lastFrameAt },
+            busyFor: { servo.busyFor(at: $0) },
+            acknowledgeBusy: { servo.acknowledgeBusy() },
+            engage: { reason in servo.engageFailsafe(reason: reason) }
+        )
+        self.watch = watch
+        servo.onBusy = { [weak self] since in
+            guard let self else { return }
+            self.loop.execute { self.watch?.servoBusy(since: since) }
+        }
+        hub.onFrame = { watch.frameArrived() }
+        hub.onCentralInControl = { [unowned self] _ in
+            guard let cleared = servo.clearFailsafe() else { return }
+            notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
+            parts.lcd?.show(.failsafe, nil)
+            indicator?.refresh()
+        }
+        hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
+        hub.onLastCentralClosed = { session in
+            servo.engageFailsafe(reason: "last central disconnected (\(session.transport) \(session.peer))")
+        }
+        ble.onPasskey = { [unowned self] passkey in
+            guard let lcd = parts.lcd else { return }
+            lcd.show(.passkey, passkey.map { passkey in
+                // The passkey on the bottom line; the rows above show through.
+                Array(repeating: nil, count: max(lcd.rows - 1, 0)) + ["PIN \(passkey)"]
+            })
+        }
+    }
+
+    /// On the loop: the board's own message on the LCD while the failsafe
+    /// holds (the centrals' text comes back when it ends), and the LED.
+    private func failsafeEngaged(_ reason: String) {
+        parts.lcd?.show(.failsafe, ["FAILSAFE", reason])
+        indicator?.refresh()
+    }
+
+    private func ledPattern() -> StatusLED.Pattern {
+        if let servo = parts.servo {
+            let snapshot = servo.snapshot()
+            if !snapshot.online || snapshot.failsafe != nil { return .fastBlink }
+        }
+        return hub.centralCount > 0 ? .heartbeat : .slowBlink
+    }
+
+    // MARK: Status
+
+    private func statusOnLoop() -> StatusReport {
+        let ble = configuration.ble.enabled ? self.ble.stateDescription : nil
+        var transports = transportState
+        if let ble { transports.ble = ble }
+        return StatusAssembler(
+            configuration: configuration, parts: parts, hub: hub, dispatcher: dispatcher,
+            refusedConnections: tcp.statistics.refused, transports: transports,
+            reloads: reloads, lastReload: lastReload
+        ).report(now: .now, startedAt: startedAt)
+    }
+
+    private func pollOnLoop() -> PollReport {
+        StatusAssembler.poll(parts: parts, dispatcher: dispatcher)
+    }
+}

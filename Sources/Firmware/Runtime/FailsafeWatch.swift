@@ -1,0 +1,94 @@
+import Hardware
+import Reactor
+
+/// The failsafe triggers that need a clock: no frame for the silence
+/// timeout, and the servo thread stuck in one bus transfer for the stall
+/// timeout. Deadline-driven on the event loop (a ``Scheduler``): it arms at
+/// most one timer per trigger, at the instant the trigger could fire, and
+/// none at all while the board is idle and already silent, so it costs no
+/// wake-ups when nothing happens (the old watch polled 26 times a second).
+/// On a ``ManualLoop`` the same code is tested on virtual time.
+final class FailsafeWatch: @unchecked Sendable {
+    // Loop-confined.
+    private let loop: any Scheduler
+    var silenceTimeout: Duration?
+    var stallTimeout: Duration
+    /// When the last frame arrived (the hub's lastFrameAt).
+    private let lastFrame: () -> ContinuousClock.Instant?
+    /// How long the servo thread has been in its current transfer.
+    private let busyFor: (ContinuousClock.Instant) -> Duration?
+    private let engage: (String) -> Void
+    private let acknowledgeBusy: () -> Void
+    private var silenceTimer: LoopToken?
+    private var stallTimer: LoopToken?
+    /// The last frame a silence failsafe fired for (fires once per silence).
+    private var silencedAt: ContinuousClock.Instant?
+
+    init(loop: any Scheduler, silenceTimeout: Duration?, stallTimeout: Duration,
+         lastFrame: @escaping () -> ContinuousClock.Instant?, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
+         acknowledgeBusy: @escaping () -> Void, engage: @escaping (String) -> Void) {
+        self.loop = loop
+        self.silenceTimeout = silenceTimeout
+        self.stallTimeout = stallTimeout
+        self.lastFrame = lastFrame
+        self.busyFor = busyFor
+        self.acknowledgeBusy = acknowledgeBusy
+        self.engage = engage
+    }
+
+    /// A frame arrived: make sure a silence timer is armed.
+    func frameArrived() {
+        guard silenceTimeout != nil, silenceTimer == nil, let last = lastFrame() else { return }
+        armSilence(from: last)
+    }
+
+    /// The servo thread entered a transfer at `since` (reported once per
+    /// armed period): check it at the stall deadline.
+    func servoBusy(since: ContinuousClock.Instant) {
+        guard stallTimer == nil else { return }
+        stallTimer = loop.schedule(at: since + stallTimeout) { [weak self] in self?.checkStall() }
+    }
+
+    func cancel() {
+        if let silenceTimer { loop.cancel(silenceTimer) }
+        if let stallTimer { loop.cancel(stallTimer) }
+        silenceTimer = nil
+        stallTimer = nil
+    }
+
+    private func armSilence(from last: ContinuousClock.Instant) {
+        guard let silenceTimeout else { return }
+        silenceTimer = loop.schedule(at: last + silenceTimeout) { [weak self] in self?.checkSilence() }
+    }
+
+    private func checkSilence() {
+        silenceTimer = nil
+        guard let silenceTimeout, let last = lastFrame() else { return }
+        if last.duration(to: loop.now) >= silenceTimeout {
+            guard silencedAt != last else { return }
+            silencedAt = last
+            engage("no frame for \(Int(silenceTimeout.inSeconds * 1000)) ms")
+        } else {
+            // Frames came meanwhile: look again at the new deadline.
+            armSilence(from: last)
+        }
+    }
+
+    private func checkStall() {
+        stallTimer = nil
+        let now = loop.now
+        if let busy = busyFor(now) {
+            if busy >= stallTimeout {
+                engage("servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
+                // Keep watching the same transfer: it may never end.
+                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall() }
+                return
+            }
+            // A newer transfer: check it at its own deadline.
+            stallTimer = loop.schedule(at: now - busy + stallTimeout) { [weak self] in self?.checkStall() }
+            return
+        }
+        // Idle: the next transfer reports itself again.
+        acknowledgeBusy()
+    }
+}

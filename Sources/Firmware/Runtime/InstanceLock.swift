@@ -1,0 +1,59 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Reactor
+
+/// One daemon per board: an exclusive flock(2) on a file named after the
+/// board in the runtime directory, taken before any device is opened, so a
+/// second `blecontrold` for the same board exits without writing to a bus
+/// (it would otherwise switch off the outputs of the daemon in control).
+/// The kernel drops the lock when the holder exits, however it exits.
+final class InstanceLock: @unchecked Sendable {
+    // Immutable after init but for `released`, which only the runtime's
+    // single stop() path sets.
+    let path: String
+    private let fd: Int32
+
+    struct Held: Error, CustomStringConvertible {
+        var path: String
+        var holder: String
+        var description: String {
+            "another blecontrold\(holder) already runs this board (lock \(path) is held); stop it first, or give this one another board name"
+        }
+    }
+
+    /// - Parameters:
+    ///   - directory: the runtime directory (systemd's RuntimeDirectory, or
+    ///     the control socket's directory).
+    ///   - board: the board's name.
+    init(directory: String, board: String) throws {
+        let safeName = String(board.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" ? $0 : "_" })
+        path = (directory.isEmpty ? "." : directory) + "/blecontrold-\(safeName).lock"
+        Files.makeDirectories(directory.isEmpty ? "." : directory)
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else {
+            throw BoardBuses.SetupError(description: "cannot create the instance lock \(path): \(String(cString: strerror(errno)))")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let holder = Files.text(path, limit: 64)?.trimmed
+            close(fd)
+            throw Held(path: path, holder: holder.map { $0.isEmpty ? "" : " (pid \($0))" } ?? "")
+        }
+        // The holder's pid, for the message a second instance prints.
+        ftruncate(fd, 0)
+        let pid = Array("\(getpid())\n".utf8)
+        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+    }
+
+    private var released = false
+
+    /// Lets the next daemon in (stop calls it; deinit does it anyway).
+    func release() {
+        guard !released else { return }
+        released = true
+        flock(fd, LOCK_UN)
+        close(fd)
+    }
+
+    deinit { release() }
+}

@@ -1,0 +1,115 @@
+import Board
+import Control
+import Devices
+import Reactor
+
+/// Builds the status report from the board's parts, at one instant on the
+/// loop. On a simulator board, pulses, LCD text and the LED are what the
+/// emulated chips decoded from the bus traffic.
+struct StatusAssembler {
+    let configuration: BoardConfiguration
+    let parts: BoardAssembly
+    let hub: SessionHub
+    let dispatcher: Dispatcher
+    let refusedConnections: Int
+    let transports: StatusReport.Transports
+    let reloads: Int
+    let lastReload: String?
+
+    func report(now: ContinuousClock.Instant, startedAt: ContinuousClock.Instant) -> StatusReport {
+        var channels: [StatusReport.Channel] = []
+        var servoStatus: StatusReport.Servo?
+        if let servo = parts.servo {
+            let snapshot = servo.snapshot()
+            for state in snapshot.channels {
+                let channel = state.configuration
+                var command: String?
+                var value: Int?
+                switch state.lastCommand {
+                case .servo(let v)?: command = "servo"; value = Int(v)
+                case .pwm(let v)?: command = "pwm"; value = Int(v)
+                case nil: break
+                }
+                let produced = Self.produced(state, parts: parts)
+                channels.append(StatusReport.Channel(
+                    channel: channel.channel, output: channel.output, chip: nil, role: "\(channel.role)",
+                    enabled: state.enabled, command: command, value: value,
+                    pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
+                    latched: state.latched
+                ))
+            }
+            let metrics = snapshot.metrics
+            servoStatus = StatusReport.Servo(
+                online: snapshot.online, error: snapshot.lastError, frequencyHz: (parts.servoFrequency.value * 100).rounded() / 100,
+                updates: metrics.updates, coalesced: metrics.coalesced, flushes: metrics.flushes,
+                busWrites: metrics.busTransactions, failedFlushes: metrics.failedFlushes,
+                latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
+                latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil,
+                deadlineMisses: metrics.deadlineMisses, failsafe: snapshot.failsafe?.reason,
+                failsafeSeconds: snapshot.failsafe.map { ($0.since.duration(to: now).inSeconds * 10).rounded() / 10 },
+                failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { ($0.inSeconds * 10_000).rounded() / 10 },
+                failsafes: metrics.failsafes, scheduling: snapshot.scheduling,
+                maxLcdChunksWaited: parts.servoArbiter?.statistics.maxDisplayTransactionsWaited ?? 0,
+                maxBusWaitUs: parts.servoArbiter?.statistics.maxServoWaitMicroseconds ?? 0
+            )
+        }
+        var lcdStatus: StatusReport.LCD?
+        if let lcd = parts.lcd, let lcdConfiguration = configuration.lcd {
+            let snapshot = lcd.snapshot()
+            lcdStatus = StatusReport.LCD(
+                online: snapshot.online, error: snapshot.lastError,
+                columns: lcdConfiguration.columns, rows: lcdConfiguration.rows,
+                lines: parts.observer?.displayLines() ?? snapshot.lines,
+                overlay: snapshot.message?.name, busWrites: snapshot.busTransactions
+            )
+        }
+        let ledStatus = parts.led.map { led in
+            StatusReport.LED(pattern: "\(led.pattern)", lit: parts.observer?.ledLit() ?? led.isLit)
+        }
+        let sessions = hub.sessions.map { session in
+            StatusReport.SessionInfo(
+                id: session.id, transport: session.transport.rawValue, peer: session.peer,
+                bytes: session.counters.bytes, frames: session.counters.frames, errors: session.counters.errors,
+                connectedSeconds: session.connectedAt.duration(to: now).inSeconds
+            )
+        }
+        let counters = dispatcher.counters
+        return StatusReport(
+            board: configuration.name, version: BLEControlVersion.string,
+            uptimeSeconds: (startedAt.duration(to: now).inSeconds * 10).rounded() / 10,
+            simulated: parts.observer != nil, channels: channels, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
+            sessions: sessions,
+            counters: StatusReport.Counters(frames: counters.frames, errors: counters.errors, discardedPartials: counters.discardedPartials,
+                                            sessionsTotal: hub.totalOpened, refusedConnections: refusedConnections),
+            transports: transports,
+            configuration: StatusReport.Configuration(path: configuration.sourcePath, reloads: reloads, lastReload: lastReload)
+        )
+    }
+
+    /// The poll snapshot: cheap enough for a tight loop.
+    static func poll(parts: BoardAssembly, dispatcher: Dispatcher) -> PollReport {
+        guard let servo = parts.servo else {
+            return PollReport(frames: dispatcher.counters.frames, pulsesUs: [], failsafe: nil, busWrites: 0)
+        }
+        let snapshot = servo.snapshot()
+        return PollReport(
+            frames: dispatcher.counters.frames,
+            pulsesUs: snapshot.channels.map { (produced($0, parts: parts).pulse * 10).rounded() / 10 },
+            failsafe: snapshot.failsafe?.reason,
+            busWrites: snapshot.metrics.busTransactions
+        )
+    }
+
+    /// What a channel's output produces: read back from the emulated chip,
+    /// or on hardware what the driver was asked for.
+    static func produced(_ state: ServoPath.ChannelState, parts: BoardAssembly) -> (pulse: Double, duty: Double) {
+        let channel = state.configuration
+        if let observed = parts.observer?.output(chip: channel.chip, output: channel.output) { return observed }
+        guard state.enabled, let output = state.output else { return (0, 0) }
+        let period = 1_000_000 / parts.servoFrequency.value
+        switch output {
+        case .pulse(let width): return (width.value, width.value / period)
+        case .duty(let duty): return (duty * period, duty)
+        }
+    }
+}

@@ -1,0 +1,297 @@
+import Board
+import Devices
+import Hardware
+
+/// The servo path's state and decisions, without a thread, a lock, a clock
+/// or a bus: channel values, coalescing, flush pacing, the failsafe engine
+/// and ESC dwells, given the instant of every event. ``ServoPath`` runs it
+/// on the servo thread; tests drive it on virtual time, so pacing, dwells
+/// and failsafe outputs are checked exactly, not by sleeping.
+///
+/// Hot path: channel state lives in fixed arrays indexed by protocol
+/// channel (no hashing, no allocation per update or per flush once warm).
+struct ServoEngine {
+    /// A channel's state as the protocol (and the failsafe) set it.
+    typealias ChannelState = ServoPath.ChannelState
+
+    /// What the servo thread should do next.
+    enum Action: Equatable {
+        /// Write ``batch`` to the chips now.
+        case flush
+        /// Nothing to write; wake at this instant (a token, a dwell) or when
+        /// signalled (nil).
+        case wait(until: ContinuousClock.Instant?)
+    }
+
+    /// One staged channel: where it goes and what it shows.
+    struct Staged {
+        var channel: Int
+        var chip: Int
+        var output: Int
+        var value: PCA9685.Output?
+        var enabled: Bool
+        var receivedAt: ContinuousClock.Instant?
+    }
+
+    static let channelSlots = 256
+
+    private(set) var timing: ServoPath.Timing
+    /// Protocol channel → state; nil for channels the board does not have.
+    private(set) var channels: [ChannelState?]
+    private var dirty: [Bool]
+    private var receivedAt: [ContinuousClock.Instant?]
+    /// ESC channels holding their neutral pulse until this instant.
+    private var dwellUntil: [ContinuousClock.Instant?]
+    private(set) var configured: [Int]
+    /// Outputs of channels a reload removed or moved: written off once.
+    private var retired: [(chip: Int, output: Int)] = []
+    /// The channels taken by the last ``nextAction(at:)`` that said flush.
+    private(set) var batch: [Staged] = []
+    private(set) var metrics = ServoPath.Metrics()
+    private(set) var failsafe: ServoPath.Failsafe?
+    private var flushTokens = 0.0
+    private var tokensAt: ContinuousClock.Instant?
+    var tracker = ApplyTracker()
+
+    init(channels configurations: [ChannelConfiguration], timing: ServoPath.Timing) {
+        self.timing = timing
+        var table = [ChannelState?](repeating: nil, count: Self.channelSlots)
+        for configuration in configurations where (0..<Self.channelSlots).contains(configuration.channel) {
+            table[configuration.channel] = ChannelState(configuration: configuration)
+        }
+        channels = table
+        configured = configurations.map(\.channel).filter { (0..<Self.channelSlots).contains($0) }.sorted()
+        dirty = Array(repeating: false, count: Self.channelSlots)
+        receivedAt = Array(repeating: nil, count: Self.channelSlots)
+        dwellUntil = Array(repeating: nil, count: Self.channelSlots)
+        batch.reserveCapacity(Self.channelSlots)
+    }
+
+    func state(_ channel: Int) -> ChannelState? {
+        (0..<Self.channelSlots).contains(channel) ? channels[channel] : nil
+    }
+
+    var snapshotChannels: [ChannelState] { configured.compactMap { channels[$0] } }
+
+    // MARK: Events
+
+    /// SERVO_VAL / PWM_VAL; false when the channel is not configured.
+    mutating func submit(_ command: ServoPath.LastCommand, channel: Int, receivedAt instant: ContinuousClock.Instant?) -> Bool {
+        guard var state = state(channel) else { return false }
+        state.lastCommand = command
+        // A latched ESC keeps its failsafe output until re-enabled.
+        if !state.latched {
+            switch command {
+            case .servo(let value): state.output = state.configuration.output(forServoValue: value)
+            case .pwm(let value): state.output = state.configuration.output(forPWMValue: value)
+            }
+        }
+        channels[channel] = state
+        markDirty(channel, receivedAt: instant)
+        return true
+    }
+
+    /// ANALOG_OUT_EN: a stopped channel outputs nothing but keeps its value.
+    /// Enabling also releases an ESC latched by a failsafe.
+    mutating func setEnabled(_ enabled: Bool, channel: Int, receivedAt instant: ContinuousClock.Instant?) -> Bool {
+        guard var state = state(channel) else { return false }
+        state.enabled = enabled
+        if enabled {
+            state.latched = false
+            dwellUntil[channel] = nil
+        }
+        channels[channel] = state
+        markDirty(channel, receivedAt: instant)
+        return true
+    }
+
+    /// Every channel to its failsafe state (board file, per role): servo
+    /// `hold` keeps its pulse, `pulse` goes to the preset, `off` stops; an
+    /// ESC goes to its neutral pulse, stops after the dwell and stays
+    /// stopped until enabled again; a PWM output goes to duty 0. Returns
+    /// false when a failsafe was already engaged (it is one state, not a count).
+    mutating func engageFailsafe(reason: String, at now: ContinuousClock.Instant) -> Bool {
+        guard failsafe == nil else { return false }
+        failsafe = ServoPath.Failsafe(reason: reason, since: now)
+        metrics.failsafes += 1
+        var changed = false
+        for channel in configured {
+            guard var state = channels[channel] else { continue }
+            let configuration = state.configuration
+            switch (configuration.role, configuration.failsafe) {
+            case (.servo, .hold):
+                continue
+            case (.servo, .pulse(let width)):
+                state.output = .pulse(width)
+            case (.esc, .pulse(let width)):
+                state.output = .pulse(width)
+                state.latched = true
+                dwellUntil[channel] = now + configuration.failsafeDwell
+            case (.esc, _):
+                state.enabled = false
+                state.output = nil
+                state.latched = true
+            case (.pwm, _):
+                state.output = .duty(0)
+            case (.servo, .off):
+                state.enabled = false
+            }
+            channels[channel] = state
+            markDirty(channel, receivedAt: nil)
+            changed = true
+        }
+        if !changed { failsafe?.appliedAfter = .zero }
+        return true
+    }
+
+    /// A central is in control again: the failsafe is over. Outputs stay
+    /// where the failsafe put them until new values come.
+    mutating func clearFailsafe() -> ServoPath.Failsafe? {
+        defer { failsafe = nil }
+        return failsafe
+    }
+
+    /// The chip came back (or started): everything asked for goes out again.
+    mutating func markAllDirty() {
+        for channel in configured { dirty[channel] = true }
+    }
+
+    // MARK: The servo thread's next step
+
+    /// Ends due dwells, then either takes every dirty channel into
+    /// ``batch`` (flush now) or says until when to wait.
+    mutating func nextAction(at now: ContinuousClock.Instant) -> Action {
+        let dwellDeadline = expireDwells(at: now)
+        guard !retired.isEmpty || configured.contains(where: { dirty[$0] }) else { return .wait(until: dwellDeadline) }
+        // Pace flushes: no more than useful per PWM period.
+        if let nextToken = takeFlushToken(at: now) {
+            return .wait(until: dwellDeadline.map { min($0, nextToken) } ?? nextToken)
+        }
+        batch.removeAll(keepingCapacity: true)
+        for (chip, output) in retired {
+            batch.append(Staged(channel: -1, chip: chip, output: output, value: nil, enabled: false, receivedAt: nil))
+        }
+        retired.removeAll()
+        for channel in configured where dirty[channel] {
+            guard let state = channels[channel] else { continue }
+            let configuration = state.configuration
+            batch.append(Staged(channel: channel, chip: configuration.chip, output: configuration.output, value: state.output,
+                                enabled: state.enabled && state.output != nil, receivedAt: receivedAt[channel]))
+            dirty[channel] = false
+        }
+        return .flush
+    }
+
+    /// The batch reached the chips at `now` in `transactions` bus writes.
+    mutating func flushSucceeded(transactions: Int, at now: ContinuousClock.Instant) {
+        metrics.flushes += 1
+        metrics.busTransactions += transactions
+        for item in batch {
+            guard let received = item.receivedAt else { continue }
+            let latency = received.duration(to: now)
+            metrics.latency.record(latency)
+            if latency > timing.period { metrics.deadlineMisses += 1 }
+        }
+        if let engaged = failsafe, engaged.appliedAfter == nil {
+            failsafe?.appliedAfter = engaged.since.duration(to: now)
+        }
+    }
+
+    /// The batch did not reach the chips: keep the values for the next try.
+    mutating func flushFailed() {
+        metrics.failedFlushes += 1
+        for item in batch {
+            if item.channel >= 0 { dirty[item.channel] = true } else { retired.append((item.chip, item.output)) }
+        }
+    }
+
+    mutating func resetMetrics() { metrics = ServoPath.Metrics() }
+
+    /// A reloaded board file: channels whose configuration is unchanged keep
+    /// their state (enabled, value, latch) and nothing is written for them;
+    /// a changed channel starts over stopped, with no value, until a central
+    /// sends again; a removed channel's output is switched off. Returns the
+    /// channels that changed, were added or removed.
+    mutating func reconfigure(channels configurations: [ChannelConfiguration], timing newTiming: ServoPath.Timing) -> [Int] {
+        timing = newTiming
+        var touched: [Int] = []
+        var table = [ChannelState?](repeating: nil, count: Self.channelSlots)
+        for configuration in configurations where (0..<Self.channelSlots).contains(configuration.channel) {
+            if let old = channels[configuration.channel], old.configuration == configuration {
+                table[configuration.channel] = old
+            } else {
+                table[configuration.channel] = ChannelState(configuration: configuration)
+                touched.append(configuration.channel)
+                dirty[configuration.channel] = true
+                receivedAt[configuration.channel] = nil
+                dwellUntil[configuration.channel] = nil
+            }
+        }
+        for channel in configured {
+            guard let old = channels[channel] else { continue }
+            let kept = table[channel]
+            // The old output is no longer this channel's (removed, or moved
+            // to another output): switch it off once.
+            if kept == nil || kept!.configuration.output != old.configuration.output || kept!.configuration.chip != old.configuration.chip {
+                retired.append((old.configuration.chip, old.configuration.output))
+                if kept == nil {
+                    touched.append(channel)
+                    dirty[channel] = false
+                    dwellUntil[channel] = nil
+                }
+            }
+        }
+        channels = table
+        configured = configurations.map(\.channel).filter { (0..<Self.channelSlots).contains($0) }.sorted()
+        if !touched.isEmpty || !retired.isEmpty { tracker.submit() }
+        return touched.sorted()
+    }
+
+    // MARK: Internals
+
+    private mutating func markDirty(_ channel: Int, receivedAt instant: ContinuousClock.Instant?) {
+        if dirty[channel] { metrics.coalesced += 1 }
+        dirty[channel] = true
+        receivedAt[channel] = instant
+        metrics.updates += 1
+        tracker.submit()
+    }
+
+    /// Takes a flush token (nil: flush now) or says when the next one is due.
+    private mutating func takeFlushToken(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        let capacity = Double(timing.maxFlushesPerPeriod)
+        guard capacity > 0 else { return nil }
+        let perToken = timing.period / timing.maxFlushesPerPeriod
+        let perTokenNanoseconds = Double(perToken.components.seconds) * 1e9 + Double(perToken.components.attoseconds) / 1e9
+        if let tokensAt {
+            let elapsed = tokensAt.duration(to: now)
+            let elapsedNanoseconds = Double(elapsed.components.seconds) * 1e9 + Double(elapsed.components.attoseconds) / 1e9
+            flushTokens = min(capacity, flushTokens + elapsedNanoseconds / perTokenNanoseconds)
+        } else {
+            flushTokens = capacity
+        }
+        tokensAt = now
+        if flushTokens >= 1 {
+            flushTokens -= 1
+            return nil
+        }
+        return now + perToken * (1 - flushTokens)
+    }
+
+    /// Ends ESC dwells that are due; returns the next dwell deadline, if any.
+    private mutating func expireDwells(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        var next: ContinuousClock.Instant?
+        for channel in configured {
+            guard let until = dwellUntil[channel] else { continue }
+            if until <= now {
+                dwellUntil[channel] = nil
+                channels[channel]?.enabled = false
+                channels[channel]?.output = nil
+                markDirty(channel, receivedAt: nil)
+            } else {
+                next = min(next ?? until, until)
+            }
+        }
+        return next
+    }
+}

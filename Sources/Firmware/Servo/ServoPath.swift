@@ -1,0 +1,428 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Board
+import Devices
+import Hardware
+import Logging
+import Reactor
+
+/// The path from a SERVO_VAL / PWM_VAL / ANALOG_OUT_EN frame to the PCA9685
+/// chips, and the failsafe engine: the one place every failure path ends up.
+///
+/// The event loop submits intents; a dedicated thread applies them. The
+/// latest value per channel wins: while a write is on the bus, newer values
+/// coalesce, and each flush writes every changed channel as one
+/// auto-increment write per contiguous run (the driver's `flush()`), per chip.
+/// The decisions live in ``ServoEngine``; this type is its thread and lock.
+///
+/// Thread-safety: every public method is safe from any thread; the drivers
+/// are touched only by the servo thread (and by `stop()` after it ended).
+/// The lock is priority-inheriting: the event loop holds it briefly while
+/// submitting, and the servo thread may run SCHED_FIFO.
+public final class ServoPath: @unchecked Sendable {
+    // `engine`, `online`, `lastError`, `failingSince`, `busySince`,
+    // `scheduling` and `busyReported` are guarded by `worker.condition`.
+
+    /// A channel's state as the protocol (and the failsafe) set it.
+    public struct ChannelState: Sendable, Equatable {
+        public var configuration: ChannelConfiguration
+        public var enabled = false
+        /// The last value command applied, for status.
+        public var lastCommand: LastCommand?
+        /// What the servo path asks the chip for (nil: no value yet).
+        public var output: PCA9685.Output?
+        /// An ESC channel after a failsafe: values are ignored until the
+        /// central enables the channel again (no automatic resume).
+        public var latched = false
+    }
+
+    public enum LastCommand: Sendable, Equatable {
+        case servo(UInt16)
+        case pwm(UInt16)
+    }
+
+    /// Why and since when the outputs are in their failsafe state.
+    public struct Failsafe: Sendable, Equatable {
+        public var reason: String
+        public var since: ContinuousClock.Instant
+        /// From engaging to the failsafe outputs written to the chip (nil
+        /// until written: the bus may be the thing that failed).
+        public var appliedAfter: Duration?
+    }
+
+    /// Counters for `blecontrol status` and the benchmarks.
+    public struct Metrics: Sendable {
+        public var updates = 0
+        public var coalesced = 0
+        public var flushes = 0
+        public var busTransactions = 0
+        public var failedFlushes = 0
+        /// Updates whose receive → bus-write-complete latency exceeded one
+        /// PWM period: they missed the period they could have made.
+        public var deadlineMisses = 0
+        public var failsafes = 0
+        public var latency = LatencyHistogram()
+    }
+
+    /// Everything status shows, taken under the lock at one instant.
+    public struct Snapshot: Sendable {
+        public var channels: [ChannelState]
+        public var online: Bool
+        public var lastError: String?
+        public var failsafe: Failsafe?
+        public var metrics: Metrics
+        /// The servo thread's scheduling: "SCHED_FIFO 50" or why not.
+        public var scheduling: String
+    }
+
+    /// Timing knobs; the defaults suit a 50 Hz board.
+    public struct Timing: Sendable {
+        /// Wait before retrying a chip that did not answer.
+        public var retryInterval: Duration = .seconds(1)
+        /// A chip failing for this long puts the outputs in failsafe.
+        public var faultFailsafeAfter: Duration = .seconds(1)
+        /// One PWM period: updates slower than this missed their period.
+        public var period: Duration = .milliseconds(20)
+        /// At most this many flushes per PWM period on average, with bursts
+        /// of as many (a token bucket); 0: no limit. The PCA9685 starts new
+        /// counts only with its next period (datasheet §7.3.3: the outputs
+        /// follow the counter, which compares against the registers every
+        /// period), so more writes per period are mostly bus time nobody sees,
+        /// while an isolated update still goes out at once.
+        public var maxFlushesPerPeriod = 4
+        /// How often an idle thread proves it is alive (the systemd watchdog
+        /// ping); nil: it sleeps until there is work.
+        public var heartbeat: Duration?
+        public init() {}
+    }
+
+    /// Real-time scheduling for the servo thread.
+    public struct Realtime: Sendable, Equatable {
+        /// SCHED_FIFO priority 1…99; 0 leaves the default scheduler.
+        public var priority: Int32
+        public init(priority: Int32) { self.priority = priority }
+    }
+
+    private let drivers: [PCA9685]
+    private let logger: Logger
+    private let timing: Timing
+    private let realtime: Realtime?
+    private var engine: ServoEngine
+    private var online = false
+    private var lastError: String?
+    private var failingSince: ContinuousClock.Instant?
+    /// Set while the servo thread is inside a bus transfer (stall watch).
+    private var busySince: ContinuousClock.Instant?
+    private var busyReported = false
+    private var scheduling = "default scheduler"
+    private let worker = ServiceThread(name: "blecontrol-servo", priorityInheritance: true)
+    private var condition: Condition { worker.condition }
+    private var chipTouched: [Bool]
+
+    /// Called on the servo thread at least every `timing.heartbeat` while
+    /// the thread is healthy: the systemd watchdog ping comes from here, so a
+    /// stalled servo thread is what the watchdog catches.
+    public var onHeartbeat: (@Sendable () -> Void)?
+    /// Called (on the thread that engaged it) when a failsafe engages.
+    public var onFailsafe: (@Sendable (String) -> Void)?
+    /// Called on the servo thread when it enters a bus transfer and nobody
+    /// watches for a stall yet (``acknowledgeBusy()`` re-arms it): lets the
+    /// failsafe watch arm one timer per stall period of activity, not poll.
+    public var onBusy: (@Sendable (ContinuousClock.Instant) -> Void)?
+
+    public init(drivers: [PCA9685], channels: [ChannelConfiguration], timing: Timing = Timing(), realtime: Realtime? = nil, logger: Logger) {
+        precondition(!drivers.isEmpty, "a servo path needs at least one PCA9685")
+        self.drivers = drivers
+        self.logger = logger
+        self.timing = timing
+        self.realtime = realtime
+        engine = ServoEngine(channels: channels, timing: timing)
+        chipTouched = Array(repeating: false, count: drivers.count)
+    }
+
+    /// One chip, for tests and simple boards.
+    public convenience init(driver: PCA9685, channels: [ChannelConfiguration], timing: Timing = Timing(), realtime: Realtime? = nil, logger: Logger) {
+        self.init(drivers: [driver], channels: channels, timing: timing, realtime: realtime, logger: logger)
+    }
+
+    /// Convenience for callers that only set the retry interval.
+    public convenience init(driver: PCA9685, channels: [ChannelConfiguration], retryInterval: Duration, logger: Logger) {
+        var timing = Timing()
+        timing.retryInterval = retryInterval
+        timing.faultFailsafeAfter = retryInterval * 2
+        self.init(drivers: [driver], channels: channels, timing: timing, logger: logger)
+    }
+
+    /// The frequency the first chip produces (all chips share the board's).
+    public var actualFrequency: Hertz { drivers[0].actualFrequency }
+
+    /// True when `channel` is configured on this board.
+    public func isConfigured(_ channel: Int) -> Bool {
+        condition.withLock { engine.state(channel) != nil }
+    }
+
+    /// Starts the servo thread, which initialises the chips (every output
+    /// off first) before it applies anything.
+    public func start() {
+        worker.start { [self] in
+            applyRealtime()
+            run()
+        }
+    }
+
+    /// Stops the thread, then switches every output off without sleeping the
+    /// chips (sleep cuts a pulse short and ESCs twitch).
+    public func stop() {
+        worker.stop()
+        for driver in drivers {
+            do {
+                try driver.allOff()
+            } catch {
+                logger.error("outputs off at shutdown failed: \(error)")
+            }
+        }
+    }
+
+    /// Applies a SERVO_VAL or PWM_VAL to `channel`; returns false when the
+    /// channel is not configured.
+    @discardableResult
+    public func submit(_ command: LastCommand, channel: Int, receivedAt: ContinuousClock.Instant = .now) -> Bool {
+        condition.withLock {
+            let accepted = engine.submit(command, channel: channel, receivedAt: receivedAt)
+            if accepted { condition.signal() }
+            return accepted
+        }
+    }
+
+    /// ANALOG_OUT_EN: a stopped channel outputs nothing but keeps its value.
+    @discardableResult
+    public func setEnabled(_ enabled: Bool, channel: Int, receivedAt: ContinuousClock.Instant = .now) -> Bool {
+        condition.withLock {
+            let accepted = engine.setEnabled(enabled, channel: channel, receivedAt: receivedAt)
+            if accepted { condition.signal() }
+            return accepted
+        }
+    }
+
+    /// Puts every channel in its failsafe state (``ServoEngine/engageFailsafe(reason:at:)``).
+    /// Idempotent while a failsafe is active. Safe from any thread; applied
+    /// by the servo thread as soon as the bus lets it.
+    public func engageFailsafe(reason: String, at now: ContinuousClock.Instant = .now) {
+        let engaged = condition.withLock { () -> Bool in
+            let engaged = engine.engageFailsafe(reason: reason, at: now)
+            if engaged { condition.signal() }
+            return engaged
+        }
+        guard engaged else { return }
+        logger.warning("failsafe: \(reason)")
+        onFailsafe?(reason)
+    }
+
+    /// A central is in control again (it sent an accepted frame): the
+    /// failsafe is over. Returns what was cleared, if anything.
+    @discardableResult
+    public func clearFailsafe() -> Failsafe? {
+        let cleared = condition.withLock { engine.clearFailsafe() }
+        if let cleared { logger.notice("failsafe cleared (was: \(cleared.reason))") }
+        return cleared
+    }
+
+    /// Calls `callback` (on the servo thread) once everything submitted so
+    /// far has been written to the chips, with nil, or with the error that
+    /// stopped it. This is what a write with response waits for.
+    public func whenApplied(_ callback: @escaping @Sendable (String?) -> Void) {
+        let queued = condition.withLock { engine.tracker.wait(callback) }
+        if !queued { callback(nil) }
+    }
+
+    /// Everything status shows.
+    public func snapshot() -> Snapshot {
+        condition.withLock {
+            Snapshot(channels: engine.snapshotChannels, online: online, lastError: lastError,
+                     failsafe: engine.failsafe, metrics: engine.metrics, scheduling: scheduling)
+        }
+    }
+
+    /// The failsafe reason, cheaply (poll requests).
+    public var failsafeReason: String? { condition.withLock { engine.failsafe?.reason } }
+
+    /// How long the servo thread has been inside one bus transfer, if it is.
+    public func busyFor(at now: ContinuousClock.Instant = .now) -> Duration? {
+        condition.withLock { busySince.map { $0.duration(to: now) } }
+    }
+
+    /// The stall watch has seen the last ``onBusy``: the next transfer may report again.
+    public func acknowledgeBusy() {
+        condition.withLock { busyReported = false }
+    }
+
+    /// A reloaded board file's channels and pacing (``ServoEngine/reconfigure(channels:timing:)``):
+    /// unchanged channels keep their state. Returns the channels that changed.
+    @discardableResult
+    public func reconfigure(channels: [ChannelConfiguration], maxFlushesPerPeriod: Int) -> [Int] {
+        condition.withLock {
+            var timing = engine.timing
+            timing.maxFlushesPerPeriod = maxFlushesPerPeriod
+            let touched = engine.reconfigure(channels: channels, timing: timing)
+            condition.signal()
+            return touched
+        }
+    }
+
+    /// Clears the latency histogram and counters (benchmarks).
+    public func resetMetrics() {
+        condition.withLock { engine.resetMetrics() }
+    }
+
+    // MARK: Servo thread
+
+    /// SCHED_FIFO when the process may (root or CAP_SYS_NICE / an rtprio
+    /// limit); otherwise the default scheduler, logged once.
+    private func applyRealtime() {
+        guard let realtime, realtime.priority > 0 else { return }
+        var parameters = sched_param()
+        parameters.sched_priority = realtime.priority
+        let result = pthread_setschedparam(pthread_self(), SCHED_FIFO, &parameters)
+        let text = result == 0
+            ? "SCHED_FIFO \(realtime.priority)"
+            : "default scheduler (SCHED_FIFO \(realtime.priority) refused: \(String(cString: strerror(result))))"
+        condition.withLock { scheduling = text }
+        if result == 0 {
+            logger.info("servo thread runs \(text)")
+        } else {
+            logger.warning("servo thread: \(text); run as root or grant CAP_SYS_NICE / LimitRTPRIO for real-time scheduling")
+        }
+    }
+
+    private func run() {
+        var nextHeartbeat = ContinuousClock.now
+        while !condition.withLock({ worker.isStopping }) {
+            if let heartbeat = timing.heartbeat, ContinuousClock.now >= nextHeartbeat {
+                onHeartbeat?()
+                nextHeartbeat = .now + heartbeat
+            }
+            if !condition.withLock({ online }) {
+                guard startChips() else {
+                    waitBeforeRetry()
+                    continue
+                }
+            }
+            step(heartbeatDue: timing.heartbeat == nil ? nil : nextHeartbeat)
+        }
+    }
+
+    /// Initialises every chip (all outputs off first); false when one fails.
+    private func startChips() -> Bool {
+        do {
+            for driver in drivers { try driver.start() }
+            condition.withLock {
+                online = true
+                lastError = nil
+                failingSince = nil
+                // Whatever was asked for while the chips were away goes out now.
+                engine.markAllDirty()
+            }
+            logger.info("PCA9685 initialised (\(drivers.count) chip\(drivers.count == 1 ? "" : "s")), every output off, \(drivers[0].actualFrequency)")
+            return true
+        } catch {
+            reportFailure(error, initialising: true)
+            // Nobody waits on a chip that is not there: fail them now.
+            let failed = condition.withLock { engine.tracker.fail(upTo: engine.tracker.submitted) }
+            for callback in failed { callback("\(error)") }
+            return false
+        }
+    }
+
+    /// Waits for work or a timed event, or writes one batch.
+    private func step(heartbeatDue: ContinuousClock.Instant?) {
+        condition.lock()
+        let now = ContinuousClock.now
+        switch engine.nextAction(at: now) {
+        case .wait(let until):
+            let deadline = [until, heartbeatDue].compactMap { $0 }.min()
+            if !worker.isStopping {
+                if let deadline { condition.wait(until: deadline) } else { condition.wait() }
+            }
+            condition.unlock()
+            return
+        case .flush:
+            break
+        }
+        for index in chipTouched.indices { chipTouched[index] = false }
+        for item in engine.batch {
+            let driver = drivers[item.chip]
+            if let value = item.value { driver.stage(value, channel: item.output) }
+            driver.setEnabled(item.enabled, channel: item.output)
+            chipTouched[item.chip] = true
+        }
+        let generation = engine.tracker.submitted
+        busySince = now
+        let report = !busyReported && onBusy != nil
+        if report { busyReported = true }
+        condition.unlock()
+        if report { onBusy?(now) }
+
+        do {
+            var transactions = 0
+            for (index, driver) in drivers.enumerated() where chipTouched[index] {
+                transactions += try driver.flush()
+            }
+            let done = ContinuousClock.now
+            let (ready, recovered) = condition.withLock { () -> ([ApplyTracker.Callback], Bool) in
+                busySince = nil
+                engine.flushSucceeded(transactions: transactions, at: done)
+                let recovered = lastError != nil
+                lastError = nil
+                failingSince = nil
+                return (engine.tracker.complete(upTo: generation), recovered)
+            }
+            if recovered { logger.info("PCA9685 writes succeed again") }
+            for callback in ready { callback(nil) }
+        } catch {
+            let ready = condition.withLock { () -> [ApplyTracker.Callback] in
+                busySince = nil
+                engine.flushFailed()
+                if failingSince == nil { failingSince = now }
+                return engine.tracker.fail(upTo: generation)
+            }
+            reportFailure(error, initialising: false)
+            for callback in ready { callback("\(error)") }
+            escalateIfLasting(error, since: now)
+            waitBeforeRetry()
+        }
+    }
+
+    /// A fault that lasts `faultFailsafeAfter` engages the failsafe; it may
+    /// be a power cycle (the chip wakes up asleep, all off), so the chips are
+    /// initialised again once they answer.
+    private func escalateIfLasting(_ error: any Error, since start: ContinuousClock.Instant) {
+        let escalate = condition.withLock { () -> Bool in
+            if failingSince == nil { failingSince = start }
+            let lasting = failingSince.map { $0.duration(to: .now) >= timing.faultFailsafeAfter } == true
+            guard lasting, engine.failsafe == nil else { return false }
+            online = false
+            return true
+        }
+        if escalate { engageFailsafe(reason: "PCA9685 not answering: \(error)") }
+    }
+
+    private func reportFailure(_ error: any Error, initialising: Bool) {
+        let message = "\(error)"
+        let isNew = condition.withLock { () -> Bool in
+            defer {
+                lastError = message
+                if initialising { online = false }
+            }
+            return lastError != message
+        }
+        // Once per distinct failure, not once per retry.
+        if isNew { logger.error("PCA9685 \(initialising ? "initialisation" : "write") failed: \(message)") }
+    }
+
+    private func waitBeforeRetry() {
+        condition.withLock {
+            if !worker.isStopping { condition.wait(until: .now + timing.retryInterval) }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+import BLEControlProtocol
+import Logging
+
+/// Turns decoded messages into device intents, with PROTOCOL.md's rules:
+/// a channel the board does not configure, or a line the display does not
+/// have, is an error answered with ERROR(command). Runs on the event loop.
+public final class Dispatcher: @unchecked Sendable {
+    /// Board-wide counters for status.
+    public struct Counters: Sendable, Equatable {
+        public var frames = 0
+        public var errors = 0
+        public var discardedPartials = 0
+    }
+
+    private let servo: ServoPath?
+    private let lcd: LCDService?
+    private let logger: Logger
+    public private(set) var counters = Counters()
+
+    public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
+        self.servo = servo
+        self.lcd = lcd
+        self.logger = logger
+    }
+
+    /// Applies one decoded event. Returns the ERROR reply to send, if any.
+    public func handle(_ event: DecoderEvent, receivedAt: ContinuousClock.Instant) -> Message? {
+        switch event {
+        case .message(let message):
+            counters.frames += 1
+            guard apply(message, receivedAt: receivedAt) else {
+                counters.errors += 1
+                return .error(command: message.command.rawValue)
+            }
+            return nil
+        case .error(let error):
+            if case .partialFrameDiscarded = error {
+                counters.discardedPartials += 1
+            } else {
+                counters.errors += 1
+            }
+            return error.replyCommand.map { Message.error(command: $0) }
+        }
+    }
+
+    /// Calls `callback` once everything dispatched so far has reached the
+    /// hardware (nil) or failed (the error): the acknowledgement of a write
+    /// with response.
+    public func whenApplied(_ callback: @escaping @Sendable (String?) -> Void) {
+        let servo = self.servo
+        guard let lcd else {
+            if let servo { servo.whenApplied(callback) } else { callback(nil) }
+            return
+        }
+        lcd.whenApplied { lcdError in
+            guard let servo else { return callback(lcdError) }
+            servo.whenApplied { servoError in callback(lcdError ?? servoError) }
+        }
+    }
+
+    /// Returns false when the message cannot be executed on this board.
+    private func apply(_ message: Message, receivedAt: ContinuousClock.Instant) -> Bool {
+        switch message {
+        case .initialize:
+            // Outputs keep their values; the session resets its own state.
+            return true
+        case .enable(let channel, let on):
+            return servo?.setEnabled(on, channel: Int(channel), receivedAt: receivedAt) ?? false
+        case .servo(let channel, let value):
+            return servo?.submit(.servo(value), channel: Int(channel), receivedAt: receivedAt) ?? false
+        case .pwm(let channel, let value):
+            return servo?.submit(.pwm(value), channel: Int(channel), receivedAt: receivedAt) ?? false
+        case .lcdText(let line, let text):
+            guard let lcd, Int(line) < lcd.rows else { return false }
+            lcd.setLine(Int(line), text: text)
+            return true
+        case .lcdClear:
+            guard let lcd else { return false }
+            lcd.clear()
+            return true
+        case .switchValue:
+            // No switches on this board yet: the original firmware's answer.
+            return false
+        case .error:
+            // ERROR flows board → central; a central sending it is confused.
+            return false
+        }
+    }
+}

@@ -1,0 +1,111 @@
+import Logging
+import Reactor
+
+/// Opens, feeds and closes sessions for every transport, and keeps the idle
+/// timer of each session's partial frame. Lives on a loop (``Scheduler``):
+/// the event loop in the daemon, a ``ManualLoop`` in tests, so partial-frame
+/// expiry is tested on virtual time.
+public final class SessionHub: @unchecked Sendable {
+    // Loop-confined: used only on `loop` (checked).
+    private let loop: any Scheduler
+    private let dispatcher: Dispatcher
+    /// The decoder idle timeout of sessions opened from now on.
+    public var idleTimeout: Duration?
+    private let logger: Logger
+    private var nextID = 0
+    private var open: [Int: (session: Session, timer: LoopToken?)] = [:]
+    /// Sessions opened since start.
+    public private(set) var totalOpened = 0
+    /// When the last frame from any session arrived.
+    public private(set) var lastFrameAt: ContinuousClock.Instant?
+    /// A central that is still connected had a frame accepted: it is in
+    /// control (the failsafe ends here, and only here).
+    public var onCentralInControl: ((Session) -> Void)?
+    /// A frame arrived from any session (the silence watch).
+    public var onFrame: (() -> Void)?
+    /// A central connected or left (the LED pattern follows).
+    public var onCentralsChanged: ((Int) -> Void)?
+    /// The last central went away.
+    public var onLastCentralClosed: ((Session) -> Void)?
+
+    public init(loop: any Scheduler, dispatcher: Dispatcher, idleTimeout: Duration?, logger: Logger) {
+        self.loop = loop
+        self.dispatcher = dispatcher
+        self.idleTimeout = idleTimeout
+        self.logger = logger
+    }
+
+    /// The sessions open now, oldest first.
+    public var sessions: [Session] { open.values.map(\.session).sorted { $0.id < $1.id } }
+
+    /// Sessions that are centrals (every transport but the control socket).
+    public var centrals: [Session] { sessions.filter(\.transport.isCentral) }
+
+    /// How many centrals are connected.
+    public var centralCount: Int { open.values.reduce(0) { $0 + ($1.session.transport.isCentral ? 1 : 0) } }
+
+    /// A new central connected.
+    public func open(transport: TransportKind, peer: String, send: @escaping ([UInt8]) -> Void) -> Session {
+        loop.assertInLoop()
+        nextID += 1
+        totalOpened += 1
+        let session = Session(id: nextID, transport: transport, peer: peer, dispatcher: dispatcher, idleTimeout: idleTimeout, connectedAt: loop.now, send: send)
+        open[session.id] = (session, nil)
+        logger.info("session \(session.id) opened (\(transport) \(peer))")
+        if transport.isCentral { onCentralsChanged?(centralCount) }
+        return session
+    }
+
+    /// Bytes arrived for `session`.
+    public func receive<C: Collection>(_ bytes: C, for session: Session) where C.Element == UInt8 {
+        loop.assertInLoop()
+        guard open[session.id] != nil else { return }
+        let now = loop.now
+        let before = session.counters
+        session.receive(bytes, at: now)
+        if session.counters.frames != before.frames {
+            lastFrameAt = now
+            onFrame?()
+        }
+        // Replying may have failed and closed the session (a reset right
+        // after a frame that drew an ERROR): a central that is gone is not
+        // in control, whatever it sent last.
+        if session.counters.accepted != before.accepted, session.transport.isCentral, open[session.id] != nil {
+            onCentralInControl?(session)
+        }
+        rearm(session)
+    }
+
+    /// The central went away.
+    public func close(_ session: Session) {
+        loop.assertInLoop()
+        guard let entry = open.removeValue(forKey: session.id) else { return }
+        if let timer = entry.timer { loop.cancel(timer) }
+        session.close(at: loop.now)
+        logger.info("session \(session.id) closed (\(session.transport) \(session.peer)): \(session.counters.frames) frames, \(session.counters.errors) errors")
+        guard session.transport.isCentral else { return }
+        onCentralsChanged?(centralCount)
+        if centralCount == 0 { onLastCentralClosed?(session) }
+    }
+
+    /// Keeps a timer per session with a partial frame, so the frame is
+    /// discarded on time even if the central never writes again. A new byte
+    /// only moves the decoder's deadline later, so a timer already armed is
+    /// kept: when it fires early it finds nothing to expire and re-arms at
+    /// the deadline then current (no timer churn per frame).
+    private func rearm(_ session: Session) {
+        guard var entry = open[session.id], entry.timer == nil else { return }
+        // The decoder discards a frame idle for *longer* than the timeout,
+        // so the timer fires just after the deadline, not at it.
+        entry.timer = session.deadline.map { deadline in
+            loop.schedule(at: deadline + .nanoseconds(1)) { [weak self, weak session] in
+                guard let self, let session, self.open[session.id] != nil else { return }
+                self.open[session.id]?.timer = nil
+                // Expiring may send an ERROR, and the send may close the session.
+                session.expire(at: self.loop.now)
+                self.rearm(session)
+            }
+        }
+        open[session.id] = entry
+    }
+}

@@ -1,0 +1,216 @@
+import Foundation
+import Hardware
+import TestSupport
+import Testing
+@testable import Board
+import BlueZ
+import Devices
+
+/// The repository root, for the board files under board/.
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+private func problems(_ yaml: String) -> [BoardFileError.Problem] {
+    do {
+        _ = try BoardFile.parse(yaml, path: "test.yaml")
+        return []
+    } catch {
+        return error.problems
+    }
+}
+
+private let minimal = """
+name: t
+buses:
+  main:
+    emulated: true
+"""
+
+@Suite("Board files")
+struct BoardFileTests {
+    @Test("board/simulator.yaml describes the simulator of the issue")
+    func simulatorBoard() throws {
+        let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/simulator.yaml").path)
+        #expect(board.name == "simulator")
+        #expect(board.buses["main"] == BusConfiguration(kind: .emulated, byteTime: .microseconds(90), maxWriteLength: nil))
+        let servo = try #require(board.servo)
+        #expect(servo.address == I2CAddress(0x40))
+        #expect(servo.frequency.value == 50)
+        #expect(servo.oscillator.value == 25_000_000)
+        #expect(servo.channels.map(\.channel) == Array(0...7))
+        #expect(servo.channels[4].role == .esc)
+        #expect(servo.channels[4].failsafe == .pulse(Microseconds(1000)))
+        #expect(servo.channels[0].failsafe == .hold)
+        #expect(servo.channels[6].role == .pwm)
+        #expect(servo.channels[6].failsafe == .off)
+        let lcd = try #require(board.lcd)
+        #expect(lcd.address == I2CAddress(0x27))
+        #expect(lcd.columns == 16 && lcd.rows == 2)
+        #expect(lcd.pins == .common)
+        #expect(board.led == .emulated)
+        #expect(board.tcp == TCPConfiguration(host: "127.0.0.1", port: 7171))
+        #expect(board.ble.name == "BLEControl-Sim")
+        #expect(board.protocolIdleTimeout == .milliseconds(500))
+        #expect(board.silenceTimeout == nil)
+    }
+
+    @Test("The simulator board compiled into the binary is board/simulator.yaml (run scripts/embed-boards)")
+    func embeddedCopyIsCurrent() throws {
+        let file = try String(contentsOf: repositoryRoot.appendingPathComponent("board/simulator.yaml"), encoding: .utf8)
+        #expect(EmbeddedBoards.simulator == String(file.dropLast(file.hasSuffix("\n") ? 1 : 0)))
+    }
+
+    @Test("board/raspberry-pi.yaml names the Pi's i2c-1 and GPIO17")
+    func raspberryPiBoard() throws {
+        let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/raspberry-pi.yaml").path)
+        #expect(board.buses["i2c1"]?.kind == .device(path: "/dev/i2c-1"))
+        #expect(board.led == .gpio(chip: "gpiochip0", line: nil, lineName: "GPIO17", activeLow: false))
+        #expect(board.tcp == nil)
+        #expect(board.controlSocketPath == "/run/blecontrol/control.sock")
+    }
+
+    @Test("Defaults fill a minimal file")
+    func minimalFile() throws {
+        let board = try BoardFile.parse(minimal, path: "t.yaml")
+        #expect(board.servo == nil && board.lcd == nil && board.led == nil && board.tcp == nil)
+        #expect(board.ble == BLEConfiguration(enabled: true, name: "BLEControl", adapter: "hci0"))
+    }
+
+    @Test("Unknown keys are reported with their line, as file:line: field: message")
+    func unknownKey() {
+        let found = problems(minimal + "\nservo:\n  frequncy_hz: 50\n  channels: []\n")
+        #expect(found.count == 1)
+        #expect(found.first?.line == 6)
+        #expect(found.first?.field == "servo.frequncy_hz")
+        #expect(found.first?.description.hasPrefix("test.yaml:6: servo.frequncy_hz: unknown key") == true)
+    }
+
+    @Test("Every problem is reported, not only the first")
+    func severalProblems() {
+        let found = problems("""
+        name: t
+        buses:
+          main:
+            emulated: true
+        servo:
+          address: 0x90
+          frequency_hz: 5000
+          channels:
+            - { channel: 0, min_us: 2000, max_us: 1000 }
+            - { channel: 0, role: motor }
+        lcd:
+          columns: 17
+          pins: { rs: 0, rw: 0 }
+        transports:
+          tcp: { listen: "nowhere" }
+        """)
+        let fields = Set(found.map(\.field))
+        #expect(fields.isSuperset(of: [
+            "servo.address", "servo.frequency_hz", "servo.channels[0].min_us", "servo.channels[1].channel",
+            "servo.channels[1].role", "lcd.columns", "lcd.pins", "transports.tcp.listen",
+        ]), "\(found)")
+        #expect(found.allSatisfy { $0.line != nil })
+        #expect(found.first(where: { $0.field == "servo.address" })?.line == 6)
+    }
+
+    @Test("YAML syntax errors carry their line")
+    func syntaxError() {
+        let found = problems("name: t\nbuses:\n  main: [emulated\n")
+        #expect(found.count == 1)
+        #expect(found.first?.field == "yaml")
+        #expect(found.first?.line != nil)
+    }
+
+    @Test("Structural mistakes are errors, not crashes", arguments: [
+        "", "- a\n- b\n", "name: [1, 2]\nbuses: {}\n", "name: t\nbuses: 3\n", "name: t\nbuses:\n  main: {}\n",
+        "name: t\nbuses:\n  main: { device: i2c-1 }\n", "name: t\nbuses:\n  main: { emulated: true, device: /dev/i2c-1 }\n",
+        minimal + "\nled: { chip: gpiochip0 }\n", minimal + "\nled: { emulated: maybe }\n",
+        minimal + "\nservo: { bus: other, channels: [] }\n", minimal + "\nservo: { channels: 7 }\n",
+        minimal + "\nservo: { channels: [ { channel: 300 } ] }\n", minimal + "\nservo: { channels: [ { channel: 0, output: 16 } ] }\n",
+        minimal + "\nservo: { channels: [ { channel: 0, role: esc, failsafe: hold } ] }\n",
+        minimal + "\nservo: { channels: [ { channel: 0, failsafe: pulse, failsafe_us: 3000 } ] }\n",
+        minimal + "\nlcd: { address: 0x40 }\nservo: { channels: [] }\n",
+        minimal + "\nlcd: { columns: 40, rows: 4 }\n", minimal + "\nble: { name: \"" + String(repeating: "x", count: 30) + "\" }\n",
+        minimal + "\ncontrol: { socket: relative.sock }\n", minimal + "\nprotocol: { idle_timeout_ms: -1 }\n",
+        minimal + "\nname: again\n",
+    ])
+    func rejected(yaml: String) {
+        #expect(!problems(yaml).isEmpty, "accepted: \(yaml)")
+    }
+
+    @Test("A missing file is a clear error")
+    func missingFile() {
+        do {
+            _ = try BoardFile.load(path: "/nonexistent/board.yaml")
+            Issue.record("loaded a missing file")
+        } catch {
+            #expect(error.description == "/nonexistent/board.yaml:0: file: no such file")
+        }
+    }
+
+    @Test("Hex, decimal and separated numbers; HOST:PORT forms")
+    func numbersAndEndpoints() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        servo:
+          address: 64
+          oscillator_hz: 26_500_000
+          channels: [ { channel: 9 } ]
+        transports:
+          tcp: { listen: "[::1]:0" }
+        """, path: "t.yaml")
+        #expect(board.servo?.address == I2CAddress(0x40))
+        #expect(board.servo?.oscillator.value == 26_500_000)
+        #expect(board.servo?.channels.first?.output == 9)
+        #expect(board.tcp == TCPConfiguration(host: "::1", port: 0))
+        #expect(TCPConfiguration(endpoint: "::1:80") == nil)
+        #expect(TCPConfiguration(endpoint: "localhost:7171") == TCPConfiguration(host: "localhost", port: 7171))
+        #expect(TCPConfiguration(endpoint: "127.0.0.1:70000") == nil)
+    }
+
+    @Test("Thousands of mangled board files: each parses or is refused with located problems, never a crash")
+    func mangled() throws {
+        let original = EmbeddedBoards.simulator.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let replacements = ["", "-1", "0x", "99999999999999999999", "[", "{", "}", ":", "- ", "  ", "\t", "true", "~", "&a", "*a", "!!binary", "\"", "é", "0", "3.5", "nan"]
+        var generator = SplitMix64(seed: 2026)
+        var refused = 0
+        for _ in 0..<1500 {
+            var lines = original
+            for _ in 0..<Int(generator.next() % 3 + 1) {
+                let index = Int(generator.next() % UInt64(lines.count))
+                switch generator.next() % 5 {
+                case 0: lines.remove(at: index)
+                case 1: lines.insert(lines[index], at: index)
+                case 2:
+                    var line = Array(lines[index])
+                    if !line.isEmpty { line.remove(at: Int(generator.next() % UInt64(line.count))) }
+                    lines[index] = String(line)
+                default:
+                    // Replace a value with something odd.
+                    let line = lines[index]
+                    let odd = replacements[Int(generator.next() % UInt64(replacements.count))]
+                    if let colon = line.firstIndex(of: ":") { lines[index] = String(line[...colon]) + " " + odd } else { lines[index] = odd }
+                }
+                if lines.isEmpty { lines = [""] }
+            }
+            do {
+                _ = try BoardFile.parse(lines.joined(separator: "\n"), path: "fuzz.yaml")
+            } catch {
+                refused += 1
+                #expect(!error.problems.isEmpty)
+                #expect(error.description.hasPrefix("fuzz.yaml:"))
+            }
+        }
+        #expect(refused > 100)
+    }
+
+    @Test("BLE keys: security modes, power_on and an allow-list of addresses")
+    func bleKeys() throws {
+        let board = try BoardFile.parse(minimal + "\nble: { name: Rover, security: encrypted, power_on: false, allow: [\"AA:BB:CC:DD:EE:FF\"] }\n", path: "t.yaml")
+        #expect(board.ble.name == "Rover")
+        #expect(board.ble.powerOn == false)
+        #expect(board.ble.allow.count == 1)
+        #expect("\(board.ble.security)".contains("encrypted"))
+        #expect(!problems(minimal + "\nble: { security: paranoid }\n").isEmpty)
+        #expect(!problems(minimal + "\nble: { allow: [\"not-an-address\"] }\n").isEmpty)
+    }
+}
