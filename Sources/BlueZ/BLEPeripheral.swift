@@ -699,15 +699,17 @@ public final class BLEPeripheral: @unchecked Sendable {
         logger.info("\(notify ? "acquired notify" : "acquired write") of \(socket.central) released")
     }
 
-    /// Closes the sockets of `central` (nil: all).
+    /// Closes the sockets of `central` (nil: all), releasing the acquisitions.
     private func closeAcquired(for central: String?) {
         for (key, socket) in writeSockets where central == nil || key == central {
             socket.close()
             writeSockets[key] = nil
+            logger.info("acquired write of \(key) released")
         }
         for (key, socket) in notifySockets where central == nil || key == central {
             socket.close()
             notifySockets[key] = nil
+            logger.info("acquired notify of \(key) released")
         }
     }
 
