@@ -328,7 +328,7 @@ private struct Context {
             let which = lineName ?? line.map { "line \($0)" } ?? "?"
             let subject = "LED \(which)"
             let chips = SystemInspector.gpioChips()
-            let chipPath = Self.gpioChipPath(chip)
+            let chipPath = GPIODLine.chipPath(for: chip)
             if chips.isEmpty {
                 findings.append(DoctorFinding(
                     .fail, subject, "no GPIO chips in /dev",
@@ -385,16 +385,6 @@ private struct Context {
         case .invalidArguments, .system:
             return DoctorFinding(.fail, subject, error.description, fix: "`gpioinfo` shows the chip's lines and who holds them")
         }
-    }
-
-    /// The node for a board file's `led.chip` (as GPIODLine resolves it),
-    /// nil for "search every chip".
-    static func gpioChipPath(_ chip: String) -> String? {
-        let chip = chip.trimmed
-        if chip.isEmpty { return nil }
-        if chip.hasPrefix("/") { return chip }
-        if chip.allSatisfy(\.isNumber) { return "/dev/gpiochip\(chip)" }
-        return "/dev/\(chip)"
     }
 
     // MARK: Service

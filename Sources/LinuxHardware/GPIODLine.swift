@@ -182,7 +182,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
     // MARK: Helpers
 
     /// The device node for a chip argument, or `nil` for "search all chips".
-    static func chipPath(for chip: String) -> String? {
+    public static func chipPath(for chip: String) -> String? {
         let chip = chip.trimmed
         if chip.isEmpty { return nil }
         if chip.hasPrefix("/") { return chip }

@@ -48,38 +48,31 @@ public final class Lock: @unchecked Sendable {
 /// CLOCK_MONOTONIC: a wall-clock step (a Raspberry Pi has no RTC, and its
 /// clock jumps when NTP first syncs) neither stretches nor cuts a wait.
 public final class Condition: @unchecked Sendable {
-    // Fixed heap addresses, as for `Lock`.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    // The condition variable lives at a fixed heap address, as the mutex
+    // inside `mutex` does.
+    private let mutex: Lock
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
     public init(priorityInheritance: Bool = false) {
-        mutex = .allocate(capacity: 1)
+        mutex = Lock(priorityInheritance: priorityInheritance)
         condition = .allocate(capacity: 1)
-        if creactor_mutex_init(mutex, priorityInheritance ? 1 : 0) != 0 {
-            precondition(creactor_mutex_init(mutex, 0) == 0, "pthread_mutex_init failed")
-        }
         precondition(creactor_cond_init_monotonic(condition) == 0, "pthread_cond_init failed")
     }
 
     deinit {
         pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
         condition.deallocate()
-        mutex.deallocate()
     }
 
-    public func lock() { pthread_mutex_lock(mutex) }
-    public func unlock() { pthread_mutex_unlock(mutex) }
+    public func lock() { mutex.lock() }
+    public func unlock() { mutex.unlock() }
 
-    @inlinable
     public func withLock<T>(_ body: () throws -> T) rethrows -> T {
-        lock()
-        defer { unlock() }
-        return try body()
+        try mutex.withLock(body)
     }
 
     /// Waits for a signal (call with the lock held; spurious wake-ups happen).
-    public func wait() { pthread_cond_wait(condition, mutex) }
+    public func wait() { pthread_cond_wait(condition, mutex.mutex) }
 
     /// Waits for a signal or until `deadline` on the continuous clock (call
     /// with the lock held). Returns false when the deadline passed.
@@ -87,7 +80,7 @@ public final class Condition: @unchecked Sendable {
     public func wait(until deadline: ContinuousClock.Instant) -> Bool {
         let remaining = ContinuousClock.now.duration(to: deadline)
         if remaining <= .zero { return false }
-        return creactor_cond_timedwait_relative(condition, mutex, remaining.nanoseconds) == 0
+        return creactor_cond_timedwait_relative(condition, mutex.mutex, remaining.nanoseconds) == 0
     }
 
     /// Waits for a signal or for `timeout` (call with the lock held).

@@ -187,6 +187,22 @@ public final class Listener: @unchecked Sendable {
         token = try loop.register(fd.rawValue, interest: .readable) { [weak self] _ in self?.acceptRound() }
     }
 
+    /// A started listener on `fd` (closed if it cannot start), reporting
+    /// accepted connections and events to the owner (call on the loop).
+    public static func start(fd: FileDescriptor, loop: EventLoop, maxConnections: Int,
+                             onAccept: @escaping (FileDescriptor, String) -> Void, onEvent: @escaping (String) -> Void) throws -> Listener {
+        let listener = Listener(fd: fd, loop: loop, maxConnections: maxConnections)
+        listener.onAccept = onAccept
+        listener.onEvent = onEvent
+        do {
+            try listener.start()
+        } catch {
+            try? fd.close()
+            throw error
+        }
+        return listener
+    }
+
     /// Stops accepting and closes the listening socket.
     public func stop() {
         if let token { loop.unregister(token) }

@@ -330,15 +330,30 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
     }
 }
 
-// Usage: blecontrol-bench [all|foundation|servo] [frames]
+// Usage: blecontrol-bench [all|foundation|servo|daemon] [frames]
+//        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-let frames = arguments.dropFirst().first.flatMap { Int($0) } ?? 10_000
-guard ["all", "foundation", "servo"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo] [frames]")
+guard ["all", "foundation", "servo", "daemon"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo] [frames] | daemon DAEMON [BASELINE-DAEMON]")
     exit(2)
 }
+if section == "daemon" {
+    let daemonArguments = Array(arguments.dropFirst())
+    guard let binary = daemonArguments.first else {
+        print("usage: blecontrol-bench daemon DAEMON [BASELINE-DAEMON]")
+        exit(2)
+    }
+    do {
+        try benchmarkDaemon(binary: binary, baseline: daemonArguments.dropFirst().first)
+    } catch {
+        print("benchmark failed: \(error)")
+        exit(1)
+    }
+    exit(0)
+}
+let frames = arguments.dropFirst().first.flatMap { Int($0) } ?? 10_000
 print("blecontrol benchmarks (\(ProcessInfo.processInfo.activeProcessorCount) cores)\n")
 do {
     if section != "servo" {

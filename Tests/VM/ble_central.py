@@ -77,8 +77,8 @@ class ControlSocket:
         self.sock.connect(path)
         self.buffer = b""
 
-    def status(self):
-        self.sock.sendall(b'{"op":"status"}\n')
+    def request(self, op, key):
+        self.sock.sendall(b'{"op":"%s"}\n' % op.encode())
         while b"\n" not in self.buffer:
             chunk = self.sock.recv(65536)
             if not chunk:
@@ -88,7 +88,15 @@ class ControlSocket:
         reply = json.loads(line)
         if not reply.get("ok"):
             raise RuntimeError(reply.get("error"))
-        return reply["status"]
+        return reply[key]
+
+    def status(self):
+        return self.request("status", "status")
+
+    def poll(self):
+        """The cheap snapshot: frames and every configured channel's pulse,
+        in channel order (what a latency sample needs, without a status)."""
+        return self.request("poll", "poll")
 
     def close(self):
         self.sock.close()

@@ -61,6 +61,8 @@ APT::Architecture "amd64";
 APT::Architectures { "amd64"; "arm64"; };
 Acquire::Check-Valid-Until "false";
 Acquire::Languages "none";
+Acquire::GzipIndexes "true";
+Acquire::CompressionTypes::Order { "gz"; };
 APT::Sandbox::User "root";
 EOF
     APT_CONFIG=$dir/apt.conf apt-get -q -q update

@@ -45,16 +45,9 @@ public final class ControlServer: @unchecked Sendable {
         let directory = Files.directory(of: path)
         if !directory.isEmpty { Files.makeDirectories(directory) }
         let fd = try Sockets.listenUnix(path: path)
-        let listener = Listener(fd: fd, loop: loop, maxConnections: 64)
-        listener.onAccept = { [weak self] fd, _ in self?.accepted(fd) }
-        listener.onEvent = { [logger] event in logger.warning("control socket: \(event)") }
-        do {
-            try listener.start()
-        } catch {
-            try? fd.close()
-            throw error
-        }
-        self.listener = listener
+        listener = try Listener.start(fd: fd, loop: loop, maxConnections: 64,
+                                      onAccept: { [weak self] fd, _ in self?.accepted(fd) },
+                                      onEvent: { [logger] event in logger.warning("control socket: \(event)") })
         self.path = path
         logger.info("control socket at \(path)")
     }

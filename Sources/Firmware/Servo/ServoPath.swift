@@ -188,18 +188,20 @@ public final class ServoPath: @unchecked Sendable {
     /// channel is not configured.
     @discardableResult
     public func submit(_ command: LastCommand, channel: Int, receivedAt: ContinuousClock.Instant = .now) -> Bool {
-        condition.withLock {
-            let accepted = engine.submit(command, channel: channel, receivedAt: receivedAt)
-            if accepted { condition.signal() }
-            return accepted
-        }
+        update { $0.submit(command, channel: channel, receivedAt: receivedAt) }
     }
 
     /// ANALOG_OUT_EN: a stopped channel outputs nothing but keeps its value.
     @discardableResult
     public func setEnabled(_ enabled: Bool, channel: Int, receivedAt: ContinuousClock.Instant = .now) -> Bool {
+        update { $0.setEnabled(enabled, channel: channel, receivedAt: receivedAt) }
+    }
+
+    /// Changes the engine under the lock and wakes the servo thread when it
+    /// took the change.
+    private func update(_ change: (inout ServoEngine) -> Bool) -> Bool {
         condition.withLock {
-            let accepted = engine.setEnabled(enabled, channel: channel, receivedAt: receivedAt)
+            let accepted = change(&engine)
             if accepted { condition.signal() }
             return accepted
         }

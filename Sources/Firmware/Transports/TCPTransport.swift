@@ -34,16 +34,9 @@ public final class TCPTransport: @unchecked Sendable {
     /// Binds and starts accepting (on the loop).
     public func start(host: String, port: UInt16) throws {
         let fd = try Sockets.listenTCP(host: host, port: port)
-        let listener = Listener(fd: fd, loop: loop, maxConnections: maxConnections)
-        listener.onAccept = { [weak self] fd, peer in self?.accepted(fd, peer: peer) }
-        listener.onEvent = { [logger] event in logger.warning("TCP: \(event)") }
-        do {
-            try listener.start()
-        } catch {
-            try? fd.close()
-            throw error
-        }
-        self.listener = listener
+        listener = try Listener.start(fd: fd, loop: loop, maxConnections: maxConnections,
+                                      onAccept: { [weak self] fd, peer in self?.accepted(fd, peer: peer) },
+                                      onEvent: { [logger] event in logger.warning("TCP: \(event)") })
         self.port = Sockets.localPort(fd) ?? port
         logger.info("TCP transport listening on \(host):\(self.port ?? port)")
     }
