@@ -4,6 +4,13 @@ public enum DecoderEvent: Equatable, Hashable, Sendable {
     case message(Message)
     /// A frame that could not be decoded, or a partial frame that was dropped.
     case error(ProtocolError)
+    /// LCD text shown before its frame is known to be complete: an LCD_TEXT
+    /// frame whose declared data lacks the 0x00 was still looking for one
+    /// when a write ended. The text is shown at once (a hand-typed frame is
+    /// never held back); the frame's final ``message(_:)`` follows once the
+    /// stream says how it ends. Not a frame of its own: not counted, never
+    /// answered.
+    case provisional(Message)
 }
 
 /// Reassembles ``Message``s from a BLEControl byte stream (PROTOCOL.md,
@@ -18,12 +25,19 @@ public enum DecoderEvent: Equatable, Hashable, Sendable {
 /// - An unknown command or a known command with a wrong length is skipped as
 ///   declared (its data bytes are waited for and dropped), then reported. The
 ///   decoder never waits for more than the 255 data bytes a length can declare.
-/// - LCD_TEXT quirk: the original iOS library declares `Character` count + 2,
-///   which is too short for non-ASCII text. If the declared data does not end
-///   in 0x00, the frame extends to the next 0x00 within
-///   ``Configuration/textSearchLimit`` further bytes. Without one, the frame is
-///   reported as ``ProtocolError/unterminatedText(line:)`` and decoding resumes
-///   right after the *declared* end, so the bytes looked at are parsed again.
+/// - LCD_TEXT quirk (PROTOCOL.md, "Known quirks"): the original iOS library
+///   declares `Character` count + 2, which is too short for "\r\n" and for
+///   non-ASCII text from other senders; hand-typed frames forget the 0x00.
+///   If the declared data does not end in 0x00, the frame extends to the next
+///   0x00 only across text bytes (0x20…0x7E, 0x80…0xFF, CR, LF, TAB), within
+///   ``Configuration/textSearchLimit`` further bytes. Any other byte below
+///   0x20 ends the search at once: the declared bytes are the text, and that
+///   byte starts the next frame (so a correctly declared frame without its
+///   0x00 never swallows the frame after it). No terminator within the limit:
+///   the declared text stands and decoding resumes right after the declared
+///   end. While the search waits for bytes, the text is shown at the end of
+///   each write (``DecoderEvent/provisional(_:)``); the frame's message
+///   follows when the search ends, however the stream was split.
 /// - The text is everything after the line byte up to the frame's first 0x00.
 ///   The frame ends at the declared end when the declared data ends in 0x00;
 ///   an earlier 0x00 only ends the text. This cuts at the same place whether or
@@ -93,6 +107,9 @@ public struct FrameDecoder: Sendable {
     private var phase = Phase.header
     /// When the last byte arrived, for the idle timeout.
     private var lastByteAt: ContinuousClock.Instant?
+    /// During a terminator search: how many buffered bytes the last
+    /// provisional text covered (0: none shown yet).
+    private var provisionalEnd = 0
 
     /// Creates a decoder with an empty buffer.
     public init(configuration: Configuration = Configuration()) {
@@ -143,24 +160,26 @@ public struct FrameDecoder: Sendable {
             buffer.append(byte)
             try drain(body)
         }
+        // A write ended in the middle of a terminator search: show what the
+        // text is so far, now, rather than hold it until the stream decides.
+        if case .terminatorSearch = phase, examined > provisionalEnd {
+            provisionalEnd = examined
+            try body(.provisional(.lcdText(line: buffer[2], text: searchText(upTo: examined))))
+        }
     }
 
     /// Discards the pending partial frame if it has been idle for longer than
     /// the idle timeout; returns the event if it did.
     ///
-    /// The event is ``ProtocolError/partialFrameDiscarded(command:bytes:)``,
-    /// except during an LCD_TEXT terminator search: that frame's declared part
-    /// was complete, so it is reported as
-    /// ``ProtocolError/unterminatedText(line:)`` (the sender learns its text
-    /// was not shown), and the lookahead is dropped with it rather than parsed
-    /// again. Those bytes are as stale as any partial frame the timeout exists
-    /// to drop; they hold no 0x00 (or the search would have ended), so they
-    /// cannot even be INIT, LCD_CLEAR or terminated text; and a timeout then
-    /// always yields exactly one event.
+    /// The event is ``ProtocolError/partialFrameDiscarded(command:bytes:)``
+    /// (answered with ERROR for its command), except during an LCD_TEXT
+    /// terminator search: that frame's declared part was complete and only
+    /// text followed, so the silence ends the text there and the frame's
+    /// message is the event. Either way a timeout yields exactly one event.
     public mutating func expire(at now: ContinuousClock.Instant) -> DecoderEvent? {
         guard let deadline, now > deadline else { return nil }
         if case .terminatorSearch = phase {
-            let event = DecoderEvent.error(.unterminatedText(line: buffer[2]))
+            let event = DecoderEvent.message(.lcdText(line: buffer[2], text: searchText(upTo: buffer.count)))
             clear()
             return event
         }
@@ -182,7 +201,21 @@ public struct FrameDecoder: Sendable {
     private mutating func clear() {
         buffer.removeAll(keepingCapacity: true)
         examined = 0
+        provisionalEnd = 0
         phase = .header
+    }
+
+    /// Bytes that may extend an LCD text whose declared data lacks its 0x00:
+    /// printable ASCII, every byte of a multi-byte UTF-8 sequence (or a raw
+    /// character-ROM code), and CR, LF, TAB.
+    static func isTextByte(_ byte: UInt8) -> Bool {
+        (0x20...0x7E).contains(byte) || byte >= 0x80 || byte == 0x0D || byte == 0x0A || byte == 0x09
+    }
+
+    /// The text of the LCD frame in the buffer, from after its line byte up
+    /// to `end` (or an earlier 0x00).
+    private func searchText(upTo end: Int) -> [UInt8] {
+        Array(buffer[3..<end].prefix { $0 != 0 })
     }
 
     /// Examines every buffered byte not examined yet.
@@ -212,13 +245,20 @@ public struct FrameDecoder: Sendable {
             guard examined == end else { return nil }
             return completeDeclaredFrame(end: end)
         case .terminatorSearch(let declaredEnd):
-            if buffer[index] == 0 {
+            let byte = buffer[index]
+            if byte == 0 {
                 return finishFrame(end: examined, with: .message(lcdText(frameEnd: examined)))
             }
+            if !Self.isTextByte(byte) {
+                // Not text: the declared bytes are the text, and this byte
+                // starts the next frame (the text bytes between are dropped).
+                let declared = Message.lcdText(line: buffer[2], text: searchText(upTo: declaredEnd))
+                return finishFrame(end: index, with: .message(declared))
+            }
             guard examined - declaredEnd == searchLimit else { return nil }
-            // No terminator within the limit: report the declared frame and
-            // parse everything after its declared end again.
-            return finishFrame(end: declaredEnd, with: .error(.unterminatedText(line: buffer[2])))
+            // No terminator within the limit: the declared text stands, and
+            // everything after its declared end is parsed again.
+            return finishFrame(end: declaredEnd, with: .message(.lcdText(line: buffer[2], text: searchText(upTo: declaredEnd))))
         }
     }
 
@@ -250,7 +290,9 @@ public struct FrameDecoder: Sendable {
                     phase = .terminatorSearch(declaredEnd: end)
                     return nil
                 }
-                return finishFrame(end: end, with: .error(.unterminatedText(line: buffer[2])))
+                // The quirk off: a frame without its 0x00 is what it declares.
+                message = .lcdText(line: buffer[2], text: searchText(upTo: end))
+                break
             }
             message = lcdText(frameEnd: end)
         case .lcdClear:
@@ -284,6 +326,7 @@ public struct FrameDecoder: Sendable {
             buffer.removeFirst(end)
         }
         examined = 0
+        provisionalEnd = 0
         phase = .header
         return event
     }

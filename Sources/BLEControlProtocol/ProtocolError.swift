@@ -9,13 +9,11 @@ public enum ProtocolError: Error, Equatable, Hashable, Sendable {
     /// A known command whose declared length is not one it accepts
     /// (``Command/validLengths``). Its declared data was skipped.
     case badLength(command: UInt8, length: UInt8)
-    /// An LCD_TEXT frame whose text has no 0x00 terminator, neither at the end of
-    /// the declared data nor within the quirk search that follows it.
-    case unterminatedText(line: UInt8)
     /// A partial frame of `command` (`bytes` bytes buffered, command byte
     /// included) was dropped because it stayed idle past the timeout or the
-    /// decoder was reset. The sender gets no reply: it may be gone, and a reply
-    /// would name a frame it never finished.
+    /// decoder was reset. After a timeout the sender gets ERROR for the
+    /// command (its frame was not executed); after a disconnect nobody is
+    /// there to tell.
     case partialFrameDiscarded(command: UInt8, bytes: Int)
 
     /// The command byte to put in the ERROR reply, or `nil` when no reply is due.
@@ -23,8 +21,7 @@ public enum ProtocolError: Error, Equatable, Hashable, Sendable {
         switch self {
         case .unknownCommand(let command): return command
         case .badLength(let command, _): return command
-        case .unterminatedText: return Command.lcdText.rawValue
-        case .partialFrameDiscarded: return nil
+        case .partialFrameDiscarded(let command, _): return command
         }
     }
 }
@@ -36,8 +33,6 @@ extension ProtocolError: CustomStringConvertible {
             return "unknown command \(command)"
         case .badLength(let command, let length):
             return "command \(command) with invalid length \(length)"
-        case .unterminatedText(let line):
-            return "LCD text for line \(line) without a 0x00 terminator"
         case .partialFrameDiscarded(let command, let bytes):
             return "discarded partial frame of command \(command) (\(bytes) bytes)"
         }

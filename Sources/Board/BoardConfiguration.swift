@@ -15,6 +15,8 @@ public struct BoardConfiguration: Sendable {
     public var lcd: LCDConfiguration?
     /// The status LED, if the board has one.
     public var led: LEDConfiguration?
+    /// Digital outputs SWITCH_VAL drives, by switch index.
+    public var switches: [SwitchConfiguration] = []
     /// The BLE peripheral's settings.
     public var ble: BLEConfiguration
     /// The TCP transport, nil when disabled.
@@ -141,6 +143,41 @@ public struct LCDConfiguration: Sendable, Equatable {
     public var charsPerTransaction: Int
 }
 
+/// One SWITCH_VAL output (PROTOCOL.md, "SWITCH_VAL").
+public struct SwitchConfiguration: Sendable, Equatable {
+    /// Where the switch goes.
+    public enum Output: Sendable, Equatable, CustomStringConvertible {
+        /// An in-process line (the simulator).
+        case emulated
+        /// A GPIO line through libgpiod, by chip and offset or line name.
+        case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
+        /// A PCA9685 output held fully on or off (datasheet §7.3.3, the
+        /// full-on and full-off bits).
+        case pca9685(output: Int)
+
+        public var description: String {
+            switch self {
+            case .emulated: return "emulated"
+            case .gpio(let chip, let line, let lineName, let activeLow):
+                return "\(chip):\(lineName ?? line.map(String.init) ?? "?")\(activeLow ? " (active low)" : "")"
+            case .pca9685(let output): return "PCA9685 output \(output)"
+            }
+        }
+    }
+
+    /// The index SWITCH_VAL names.
+    public var index: Int
+    public var output: Output
+    /// What a failsafe sets it to (off unless the board file says on).
+    public var safeOn: Bool
+
+    public init(index: Int, output: Output, safeOn: Bool = false) {
+        self.index = index
+        self.output = output
+        self.safeOn = safeOn
+    }
+}
+
 /// The status LED.
 public enum LEDConfiguration: Sendable, Equatable {
     case emulated
@@ -166,8 +203,16 @@ public struct BLEConfiguration: Sendable, Equatable {
     /// that socket too and acknowledges them at once, before they are applied,
     /// which breaks PROTOCOL.md's acknowledgement rule.
     public var acquireWrite: Bool = false
+    /// Set the adapter's Alias to `name` while running (what iOS lists).
+    public var setAlias: Bool = false
+    /// Drop write-without-response from FFE1 so bluetoothd answers every
+    /// write only once it is applied.
+    public var acknowledgedWrites: Bool = false
 
-    public init(enabled: Bool, name: String, adapter: String, security: Security = .open, powerOn: Bool = true, allow: [String] = [], acquireWrite: Bool = false) {
+    public init(enabled: Bool, name: String, adapter: String, security: Security = .open, powerOn: Bool = true, allow: [String] = [],
+                acquireWrite: Bool = false, setAlias: Bool = false, acknowledgedWrites: Bool = false) {
+        self.setAlias = setAlias
+        self.acknowledgedWrites = acknowledgedWrites
         self.enabled = enabled
         self.name = name
         self.adapter = adapter

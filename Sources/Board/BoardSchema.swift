@@ -6,7 +6,7 @@ import Hardware
 extension BoardReader {
     func board(_ root: Node) -> BoardConfiguration? {
         guard let top = mapping(root, "", allowed: [
-            "name", "buses", "servo", "lcd", "led", "ble", "transports", "control", "protocol", "failsafe", "realtime",
+            "name", "buses", "servo", "lcd", "led", "switches", "ble", "transports", "control", "protocol", "failsafe", "realtime",
         ]) else { return nil }
         let name = string(top, "name", required: true) ?? "?"
         let buses = top.entries["buses"].map(busList) ?? [:]
@@ -18,6 +18,7 @@ extension BoardReader {
             fail(top.entries["lcd"], "lcd.address", "\(lcd.address) is already the servo controller's address on bus \(lcd.bus)")
         }
         let led = top.entries["led"].flatMap(statusLED)
+        let switches = top.entries["switches"].map { switchList($0, servo: servo, led: led) } ?? []
         let ble = bluetooth(top.entries["ble"])
         let tcp = tcpTransport(top.entries["transports"])
         var controlSocket = "/run/blecontrol/control.sock"
@@ -45,12 +46,81 @@ extension BoardReader {
             priority = Int32(integer(fields, "priority", in: 0...99, default: 0) ?? 0)
             lockMemory = bool(fields, "lock_memory", default: false)
         }
-        return BoardConfiguration(
+        var configuration = BoardConfiguration(
             name: name, buses: buses, servo: servo, lcd: lcd, led: led, ble: ble, tcp: tcp,
             controlSocketPath: controlSocket, protocolIdleTimeout: idleTimeout, silenceTimeout: silenceTimeout,
             stallTimeout: stallTimeout, faultTimeout: faultTimeout, realtimePriority: priority, lockMemory: lockMemory,
             sourcePath: path
         )
+        configuration.switches = switches
+        return configuration
+    }
+
+    private func switchList(_ node: Node, servo: ServoConfiguration?, led: LEDConfiguration?) -> [SwitchConfiguration] {
+        guard case .sequence(let items, _) = node else {
+            fail(node, "switches", "must be a list of switches")
+            return []
+        }
+        var result: [SwitchConfiguration] = []
+        var indexLines: [Int: Int] = [:]
+        var usedLines: [String: Int] = [:]
+        if case .gpio(let chip, let line, let lineName, _)? = led {
+            usedLines["\(chip):\(lineName ?? line.map(String.init) ?? "")"] = -1
+        }
+        let channelOutputs = Set(servo?.channels.map(\.output) ?? [])
+        for (position, item) in items.enumerated() {
+            let field = "switches[\(position)]"
+            guard let fields = mapping(item, field, allowed: ["switch", "emulated", "chip", "line", "line_name", "active_low", "output", "safe"]) else { continue }
+            // PROTOCOL.md: the switch index is one byte.
+            let index = integer(fields, "switch", in: 0...255, required: true)
+            let safeOn = choice(fields, "safe", ["off": false, "on": true], default: false) ?? false
+            let emulated = bool(fields, "emulated", default: false)
+            let hasGPIO = fields.entries["line"] != nil || fields.entries["line_name"] != nil
+            let hasOutput = fields.entries["output"] != nil
+            var output: SwitchConfiguration.Output?
+            switch (emulated, hasGPIO, hasOutput) {
+            case (true, false, false):
+                output = .emulated
+            case (false, true, false):
+                if fields.entries["line"] != nil, fields.entries["line_name"] != nil {
+                    fail(item, field, "needs one of `line: N` or `line_name: NAME`, not both")
+                    continue
+                }
+                let chip = string(fields, "chip", default: "gpiochip0") ?? "gpiochip0"
+                let line = integer(fields, "line", in: 0...1023)
+                let lineName = string(fields, "line_name")
+                guard line != nil || lineName != nil else { continue }
+                let key = "\(chip):\(lineName ?? line.map(String.init) ?? "")"
+                if let previous = usedLines[key] {
+                    fail(fields.entries["line"] ?? fields.entries["line_name"], "\(field)", previous < 0 ? "\(key) is the status LED's line" : "\(key) is already switch \(previous)'s line")
+                }
+                usedLines[key] = index ?? 0
+                output = .gpio(chip: chip, line: line, lineName: lineName, activeLow: bool(fields, "active_low", default: false))
+            case (false, false, true):
+                guard servo != nil else {
+                    fail(fields.entries["output"], "\(field).output", "a PCA9685 output needs the servo section's chip")
+                    continue
+                }
+                guard let pin = integer(fields, "output", in: 0...15) else { continue }
+                if channelOutputs.contains(pin) {
+                    fail(fields.entries["output"], "\(field).output", "output \(pin) already drives a channel")
+                }
+                if result.contains(where: { $0.output == .pca9685(output: pin) }) {
+                    fail(fields.entries["output"], "\(field).output", "output \(pin) is already a switch")
+                }
+                output = .pca9685(output: pin)
+            default:
+                fail(item, field, "needs exactly one of `emulated: true`, a GPIO line (`line_name: GPIO22` or `line: N`, with `chip`), or `output: N` (a PCA9685 output)")
+                continue
+            }
+            if let index {
+                if let line = indexLines[index] { fail(fields.entries["switch"], "\(field).switch", "switch \(index) is already defined on line \(line)") }
+                indexLines[index] = fields.entries["switch"]?.line ?? item.line
+            }
+            guard let index, let output else { continue }
+            result.append(SwitchConfiguration(index: index, output: output, safeOn: safeOn))
+        }
+        return result.sorted { $0.index < $1.index }
     }
 
     private func busList(_ node: Node) -> [String: BusConfiguration] {
@@ -250,7 +320,7 @@ extension BoardReader {
 
     private func bluetooth(_ node: Node?) -> BLEConfiguration {
         var ble = BLEConfiguration(enabled: true, name: "BLEControl", adapter: "hci0")
-        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow", "acquire_write"]) else { return ble }
+        guard let node, let fields = mapping(node, "ble", allowed: ["enabled", "name", "adapter", "security", "power_on", "allow", "acquire_write", "set_alias", "acknowledged_writes"]) else { return ble }
         ble.enabled = bool(fields, "enabled", default: true)
         if let name = string(fields, "name") {
             // A complete local name must fit the 31-byte advertisement with
@@ -267,6 +337,13 @@ extension BoardReader {
         ble.security = choice(fields, "security", securities, default: .open) ?? .open
         ble.powerOn = bool(fields, "power_on", default: true)
         ble.acquireWrite = bool(fields, "acquire_write", default: false)
+        ble.setAlias = bool(fields, "set_alias", default: false)
+        ble.acknowledgedWrites = bool(fields, "acknowledged_writes", default: false)
+        if ble.acknowledgedWrites, ble.acquireWrite {
+            // With write-without-response gone bluetoothd never acquires a
+            // write socket; saying both is a contradiction, not a preference.
+            fail(fields.entries["acquire_write"], "ble.acquire_write", "cannot be true with acknowledged_writes: true (no write-without-response, nothing to acquire)")
+        }
         if let allowNode = fields.entries["allow"] {
             guard case .sequence(let items, _) = allowNode else {
                 fail(allowNode, "ble.allow", "must be a list of addresses such as [AA:BB:CC:DD:EE:FF]")

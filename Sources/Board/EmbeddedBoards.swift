@@ -40,15 +40,28 @@ servo:
   #   esc:   off (default) | pulse (neutral/arming pulse, then off after
   #          failsafe_dwell_ms)
   #   pwm:   off
+  # The layout of the original BLEControl demo app: servo sliders on
+  # channels 0-3, PWM sliders on 4-7 (board/rc-car.yaml has an ESC).
   channels:
     - { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000 }
     - { channel: 1, output: 1, role: servo, min_us: 1000, max_us: 2000 }
     - { channel: 2, output: 2, role: servo, min_us: 1000, max_us: 2000 }
     - { channel: 3, output: 3, role: servo, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1500 }
-    - { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 500 }
-    - { channel: 5, output: 5, role: esc, min_us: 1000, max_us: 2000 }
+    - { channel: 4, output: 4, role: pwm }
+    - { channel: 5, output: 5, role: pwm }
     - { channel: 6, output: 6, role: pwm }
     - { channel: 7, output: 7, role: pwm }
+
+# SWITCH_VAL outputs (the demo app's four switches). Each is one of:
+#   { switch: N, emulated: true }                             the simulator
+#   { switch: N, chip: gpiochip0, line_name: GPIO22, active_low: false }
+#   { switch: N, output: 12 }                                 a PCA9685 output, fully on/off
+# safe: off (default) or on: what a failsafe sets it to.
+switches:
+  - { switch: 0, emulated: true }
+  - { switch: 1, emulated: true }
+  - { switch: 2, emulated: true }
+  - { switch: 3, emulated: true, safe: off }
 
 # HD44780 character LCD behind a PCF8574 I2C backpack.
 lcd:
@@ -79,6 +92,17 @@ ble:
   # bluetoothd then acknowledges writes *with* response before they are
   # applied, against the protocol's rule. Off unless speed matters more.
   acquire_write: false
+  # iOS lists a board by the adapter's name (its Alias, usually the
+  # hostname), not by the advertised name: set the Alias to `name` while the
+  # daemon runs (and put the old one back when it stops). It renames the
+  # whole adapter, for every other use of Bluetooth on this machine too.
+  set_alias: true
+  # bluetoothd answers a write *request* at once when the characteristic
+  # also allows write-without-response (docs/protocol.md, "Acknowledgements").
+  # true drops write-without-response from FFE1, so every write is answered
+  # only once applied; the original app's servo frames (sent without
+  # response) then fail on the phone.
+  acknowledged_writes: false
 
 transports:
   tcp:

@@ -17,17 +17,22 @@ import Reactor
 ///
 /// Encoding works per `Character` (grapheme cluster), so one user-perceived
 /// character takes one cell:
-/// 1. ASCII 0x20…0x7D (but `\`) map to themselves; control characters to a
-///    space (they have no glyph and must never select a CGRAM pattern).
+/// 1. Printable ASCII 0x20…0x7E maps to itself, `\` and `~` included: A00
+///    shows them as ¥ and →, exactly as the original board did when it copied
+///    the bytes to the display. Control characters become a space (they have
+///    no glyph and must never select a CGRAM pattern).
 /// 2. Characters A00 has, including canonically equivalent spellings
 ///    (`"a\u{308}"` is `ä`), map to their code. A00 has no capital umlauts:
 ///    Ä Ö Ü and Ñ use the lowercase glyphs, which keep the word readable.
 /// 3. Other Latin letters with diacritics fold to their base letter
 ///    (é → e, Å → A), via canonical decomposition.
-/// 4. Anything else (`\`, `~`, €, emoji, the replacement character of
-///    invalid UTF-8) becomes ``fallback``, the full block 0xFF: visibly "a
-///    character this display cannot show", one cell wide, never mistaken for
-///    text the sender wrote (as `?` would be).
+/// 4. Anything else (€, emoji) becomes ``fallback``, the full block 0xFF:
+///    visibly "a character this display cannot show", one cell wide, never
+///    mistaken for text the sender wrote (as `?` would be).
+///
+/// Bytes that are not valid UTF-8 are not text at all: they are the ROM's
+/// own codes, shown as the original board showed them (``encode(utf8:)``:
+/// `DF` is the degree sign, `A5` the katakana middle dot).
 public enum CharacterROM {
     /// The code shown for characters A00 cannot display: 0xFF, the full block.
     public static let fallback: UInt8 = 0xFF
@@ -45,12 +50,50 @@ public enum CharacterROM {
         return codes
     }
 
-    /// The A00 codes for UTF-8 `bytes` as they arrived in a frame. Invalid
-    /// sequences are decoded as U+FFFD, one per maximal invalid subpart
-    /// (Unicode §3.9), and each shows as ``fallback``: arbitrary bytes never
-    /// trap and never vanish silently.
+    /// The A00 codes for `bytes` as they arrived in a frame: every valid
+    /// UTF-8 sequence as text (one cell per character), and every byte that
+    /// is not part of one as the ROM code it is, one cell per byte. So a
+    /// phone's UTF-8 "°C" and a hand-typed raw `DF 43` both show °C, and
+    /// arbitrary bytes never trap and never vanish.
     public static func encode(utf8 bytes: [UInt8]) -> [UInt8] {
-        encode(String(decoding: bytes, as: UTF8.self))
+        var codes: [UInt8] = []
+        codes.reserveCapacity(bytes.count)
+        var runStart = 0
+        var index = 0
+        while index < bytes.count {
+            let length = validSequenceLength(bytes, at: index)
+            if length > 0 {
+                index += length
+                continue
+            }
+            if runStart < index { codes += encode(String(decoding: bytes[runStart..<index], as: UTF8.self)) }
+            codes.append(bytes[index])
+            index += 1
+            runStart = index
+        }
+        if runStart < bytes.count { codes += encode(String(decoding: bytes[runStart...], as: UTF8.self)) }
+        return codes
+    }
+
+    /// The length of the well-formed UTF-8 sequence at `index` (Unicode
+    /// Table 3-7: no overlong forms, no surrogates, nothing past U+10FFFF),
+    /// or 0 when the byte there does not start one.
+    static func validSequenceLength(_ bytes: [UInt8], at index: Int) -> Int {
+        let first = bytes[index]
+        func continuation(_ offset: Int, _ range: ClosedRange<UInt8> = 0x80...0xBF) -> Bool {
+            index + offset < bytes.count && range.contains(bytes[index + offset])
+        }
+        switch first {
+        case 0x00...0x7F: return 1
+        case 0xC2...0xDF: return continuation(1) ? 2 : 0
+        case 0xE0: return continuation(1, 0xA0...0xBF) && continuation(2) ? 3 : 0
+        case 0xE1...0xEC, 0xEE...0xEF: return continuation(1) && continuation(2) ? 3 : 0
+        case 0xED: return continuation(1, 0x80...0x9F) && continuation(2) ? 3 : 0
+        case 0xF0: return continuation(1, 0x90...0xBF) && continuation(2) && continuation(3) ? 4 : 0
+        case 0xF1...0xF3: return continuation(1) && continuation(2) && continuation(3) ? 4 : 0
+        case 0xF4: return continuation(1, 0x80...0x8F) && continuation(2) && continuation(3) ? 4 : 0
+        default: return 0
+        }
     }
 
     /// The text an A00 display shows for `codes`: exactly one `Character`
@@ -76,7 +119,7 @@ public enum CharacterROM {
         let scalars = character.unicodeScalars
         if scalars.count == 1, let scalar = scalars.first {
             let value = scalar.value
-            if value >= 0x20, value <= 0x7D, value != 0x5C {
+            if value >= 0x20, value <= 0x7E {
                 codes.append(UInt8(value))
                 return
             }

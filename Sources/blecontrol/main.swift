@@ -40,6 +40,8 @@ func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
             print("board sent \(message)")
         case .error(let error):
             print("board sent an undecodable reply: \(error)")
+        case .provisional:
+            break
         }
     }
     if refused { throw ExitFailure.silent(1) }

@@ -66,13 +66,13 @@ struct DecoderErrorTests {
         #expect(FrameEncoder.encode(.error(command: reply)) == [0xFF, 0x01, frame.bytes[0]])
     }
 
-    @Test("reply commands: every error but a discarded partial frame gets one")
+    @Test("reply commands: every error names its command, an expired partial frame too")
     func replyCommands() {
         #expect(ProtocolError.unknownCommand(42).replyCommand == 42)
         #expect(ProtocolError.badLength(command: 2, length: 9).replyCommand == 2)
-        #expect(ProtocolError.unterminatedText(line: 1).replyCommand == Command.lcdText.rawValue)
-        // The sender may be gone, and the frame was never finished.
-        #expect(ProtocolError.partialFrameDiscarded(command: 2, bytes: 3).replyCommand == nil)
+        // PROTOCOL.md: a partial frame that expires was not executed; its
+        // sender hears so (after a disconnect the session drops the reply).
+        #expect(ProtocolError.partialFrameDiscarded(command: 2, bytes: 3).replyCommand == 2)
     }
 
     @Test("bad frames between good ones, in any split, cost only themselves")
@@ -175,16 +175,19 @@ struct DecoderErrorTests {
         #expect(events == [.message(.servo(channel: 1, value: 500))])
     }
 
-    @Test("a timeout during the LCD_TEXT terminator search reports the text as unterminated")
+    @Test("a timeout during the LCD_TEXT terminator search ends the text where it stands")
     func timeoutDuringTerminatorSearch() {
         var decoder = FrameDecoder()
         var events: [DecoderEvent] = []
-        // The original sender's "é" frame, with its last two bytes lost.
+        // The original sender's "é" frame, with its terminator lost.
         decoder.decode([0x04, 0x03, 0x02, 0xC3], at: at(0)) { events.append($0) }
+        #expect(events.isEmpty, "the declared data is not all in yet")
         decoder.decode([0xA9], at: at(10)) { events.append($0) }
-        #expect(events.isEmpty)
-        #expect(decoder.expire(at: at(511)) == .error(.unterminatedText(line: 2)))
+        // The declared data is in, without its 0x00: shown at once.
+        #expect(events == [.provisional(.lcdText(line: 2, text: [0xC3, 0xA9]))])
+        #expect(decoder.expire(at: at(511)) == .message(.lcdText(line: 2, text: [0xC3, 0xA9])))
         #expect(!decoder.hasPartialFrame)
+        events.removeAll()
         decoder.decode(goldenVectors[5].bytes, at: at(600)) { events.append($0) }
         #expect(events == [.message(.lcdClear)])
     }
@@ -250,22 +253,54 @@ struct DecoderErrorTests {
         #expect(decodeEvents([fits], configuration: configuration) == [.message(.lcdText(line: 1, text: [0x41, 0x42, 0x43, 0x44, 0x45]))])
         #expect(decodeEvents(byteByByte(fits), configuration: configuration) == [.message(.lcdText(line: 1, text: [0x41, 0x42, 0x43, 0x44, 0x45]))])
 
-        // One byte further: the declared frame is unterminated, and the bytes
-        // looked at are parsed again (here: a SERVO_VAL frame, no 0x00 in it).
-        let servo = goldenVectors[2]
-        let tooFar: [UInt8] = [0x04, 0x03, 0x01, 0x41, 0x42] + servo.bytes
-        let expected: [DecoderEvent] = [.error(.unterminatedText(line: 1)), .message(servo.message)]
-        #expect(decodeEvents([tooFar], configuration: configuration) == expected)
+        // One text byte further: the declared text stands, and the bytes
+        // looked at are parsed again (here they open a frame of command 0x43).
+        let tooFar: [UInt8] = [0x04, 0x03, 0x01, 0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x00]
+        let expected: [DecoderEvent] = [.message(.lcdText(line: 1, text: [0x41, 0x42]))]
+        var whole = FrameDecoder(configuration: configuration)
+        #expect(decodeEvents([tooFar], with: &whole) == expected)
+        #expect(whole.reset() == .error(.partialFrameDiscarded(command: 0x43, bytes: 5)))
         #expect(decodeEvents(byteByByte(tooFar), configuration: configuration) == expected)
+    }
+
+    // MARK: PROTOCOL.md's LCD_TEXT rule, case by case
+
+    @Test("a hand-typed frame with the right length and no 0x00 is shown at once and never swallows the next frame")
+    func handTypedWithoutTerminator() {
+        let frame: [UInt8] = [0x04, 0x04, 0x00, 0x41, 0x42, 0x43]
+        let servo: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
+        let expected: [DecoderEvent] = [.message(.lcdText(line: 0, text: Array("ABC".utf8))), .message(.servo(channel: 0, value: 500))]
+        #expect(decodeEvents([frame + servo]) == expected)
+        #expect(decodeEvents([frame, servo]) == expected)
+        #expect(decodeEvents(byteByByte(frame + servo)) == expected)
+        // Alone in its write (nRF Connect, LightBlue): on the display at once.
+        #expect(decodeAllEvents([frame]) == [.provisional(.lcdText(line: 0, text: Array("ABC".utf8)))])
+    }
+
+    @Test("the original library's \\r\\n miscount extends across the text to its 0x00")
+    func carriageReturnMiscount() {
+        let frame: [UInt8] = [0x04, 0x05, 0x00, 0x61, 0x0D, 0x0A, 0x62, 0x00]
+        #expect(originalSenderLCDFrame(line: 0, text: "a\r\nb") == frame)
+        #expect(decodeEvents([frame + [0x05, 0x00]]) == [.message(.lcdText(line: 0, text: [0x61, 0x0D, 0x0A, 0x62])), .message(.lcdClear)])
+    }
+
+    @Test("a control byte other than CR, LF and TAB ends the search: it starts the next frame")
+    func controlByteEndsSearch() {
+        let stream: [UInt8] = [0x04, 0x03, 0x00, 0x41, 0x42, 0x05, 0x00]
+        #expect(decodeEvents([stream]) == [.message(.lcdText(line: 0, text: [0x41, 0x42])), .message(.lcdClear)])
+        // Text bytes between the declared end and the control byte are dropped.
+        let withTail: [UInt8] = [0x04, 0x03, 0x00, 0x41, 0x42, 0x43, 0x01, 0x02, 0x00, 0x01]
+        #expect(decodeEvents([withTail]) == [.message(.lcdText(line: 0, text: [0x41, 0x42])), .message(.enable(channel: 0, on: true))])
     }
 
     @Test("frames after an unterminated text are recovered, not lost")
     func framesAfterUnterminatedTextSurvive() {
-        // Enough 0x00-free frames to exhaust the default 40-byte search.
+        // 0x00-free frames right after the declared text: the first command
+        // byte ends the search.
         let servos = (UInt8(1)...12).map { Message.servo(channel: $0, value: 0x0101 * UInt16($0)) }
         let stream: [UInt8] = [0x04, 0x03, 0x02, 0x41, 0x42] + servos.flatMap { FrameEncoder.encode($0) }
         #expect(!stream.dropFirst(5).contains(0))
-        let expected = [DecoderEvent.error(.unterminatedText(line: 2))] + servos.map { .message($0) }
+        let expected = [DecoderEvent.message(.lcdText(line: 2, text: [0x41, 0x42]))] + servos.map { .message($0) }
         #expect(decodeEvents([stream]) == expected)
         #expect(decodeEvents(byteByByte(stream)) == expected)
         for seed in UInt64(1)...16 {
@@ -274,14 +309,14 @@ struct DecoderErrorTests {
         }
     }
 
-    @Test("an original-sender line overrunning the default limit is unterminated; an idle gap resynchronises")
+    @Test("an original-sender line overrunning the default limit keeps its declared text; an idle gap resynchronises")
     func overrunBeyondDefaultLimit() {
         let text = String(repeating: "日", count: 21)
         #expect(quirkOverrun(text) == 42)
         var decoder = FrameDecoder()
         var events: [DecoderEvent] = []
         decoder.decode(originalSenderLCDFrame(line: 0, text: text), at: at(0)) { events.append($0) }
-        #expect(events.first == .error(.unterminatedText(line: 0)))
+        #expect(events.first == .message(.lcdText(line: 0, text: Array(Array(text.utf8).prefix(22)))))
         #expect(decoder.bufferedByteCount <= decoder.configuration.maximumBufferedBytes)
         events = []
         decoder.decode(goldenVectors[1].bytes, at: at(1000)) { events.append($0) }
@@ -293,15 +328,15 @@ struct DecoderErrorTests {
         let configuration = FrameDecoder.Configuration(textSearchLimit: limit)
         #expect(configuration.maximumBufferedBytes == 257)
         var decoder = FrameDecoder(configuration: configuration)
-        // Reported as soon as the declared data is in, without waiting for more.
-        #expect(decodeEvents([[0x04, 0x03, 0x01, 0x41, 0x42]], with: &decoder) == [.error(.unterminatedText(line: 1))])
+        // What it declares, as soon as the declared data is in.
+        #expect(decodeEvents([[0x04, 0x03, 0x01, 0x41, 0x42]], with: &decoder) == [.message(.lcdText(line: 1, text: [0x41, 0x42]))])
         #expect(!decoder.hasPartialFrame)
         // The original sender's "é" frame then leaves its terminator behind,
         // which opens a bogus INIT frame of length 5 (the LCD_CLEAR's 0x05):
         // the desynchronisation the quirk handling exists to prevent.
         var quirkless = FrameDecoder(configuration: configuration)
         let stream = originalSenderLCDFrame(line: 1, text: "é") + goldenVectors[5].bytes
-        #expect(decodeEvents([stream], with: &quirkless) == [.error(.unterminatedText(line: 1))])
+        #expect(decodeEvents([stream], with: &quirkless) == [.message(.lcdText(line: 1, text: [0xC3, 0xA9]))])
         #expect(quirkless.reset() == .error(.partialFrameDiscarded(command: 0, bytes: 3)))
         #expect(decodeEvents([stream]) == [.message(.lcdText(line: 1, text: Array("é".utf8))), .message(.lcdClear)])
     }

@@ -48,8 +48,24 @@ func decodeEvents(
 }
 
 /// As ``decodeEvents(_:configuration:)``, with the caller's decoder (to
-/// inspect its state afterwards). Also checks the buffer bound after every write.
+/// inspect its state afterwards). Also checks the buffer bound after every
+/// write. Provisional LCD text (shown when a write ends inside a terminator
+/// search) is left out: the final events are what must not depend on how the
+/// stream was split; ``decodeAllEvents(_:configuration:)`` keeps them.
 func decodeEvents(_ chunks: [[UInt8]], with decoder: inout FrameDecoder) -> [DecoderEvent] {
+    decodeAllEvents(chunks, with: &decoder).filter {
+        if case .provisional = $0 { return false }
+        return true
+    }
+}
+
+/// Every event, provisional text included.
+func decodeAllEvents(_ chunks: [[UInt8]], configuration: FrameDecoder.Configuration = .init()) -> [DecoderEvent] {
+    var decoder = FrameDecoder(configuration: configuration)
+    return decodeAllEvents(chunks, with: &decoder)
+}
+
+func decodeAllEvents(_ chunks: [[UInt8]], with decoder: inout FrameDecoder) -> [DecoderEvent] {
     var events: [DecoderEvent] = []
     for chunk in chunks {
         decoder.decode(chunk, at: origin) { events.append($0) }

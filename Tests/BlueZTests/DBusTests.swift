@@ -54,8 +54,25 @@ final class PrivateBus: @unchecked Sendable {
         let status = posix_spawn(&child, binary, nil, nil, &argv, environ)
         guard status == 0 else { throw DBusFailure(DBusFailure.failed, "posix_spawn dbus-daemon: \(status)") }
         pid = child
-        let deadline = Date().addingTimeInterval(5)
-        while !FileManager.default.fileExists(atPath: socket), Date() < deadline { usleep(10_000) }
+        // The socket file appears at bind(), before listen(): wait until a
+        // connection is accepted, not just for the file.
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            let probe = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            withUnsafeMutableBytes(of: &address.sun_path) { raw in
+                let bytes = Array(socket.utf8)
+                raw.copyBytes(from: bytes)
+                raw[bytes.count] = 0
+            }
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(probe, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            close(probe)
+            if connected == 0 { break }
+            usleep(10_000)
+        }
     }
 
     func stop() {

@@ -27,7 +27,7 @@ buses:
 
 @Suite("Board files")
 struct BoardFileTests {
-    @Test("board/simulator.yaml describes the simulator of the issue")
+    @Test("board/simulator.yaml follows the original demo app: servos 0-3, PWM 4-7, four switches")
     func simulatorBoard() throws {
         let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/simulator.yaml").path)
         #expect(board.name == "simulator")
@@ -37,11 +37,13 @@ struct BoardFileTests {
         #expect(servo.frequency.value == 50)
         #expect(servo.oscillator.value == 25_000_000)
         #expect(servo.channels.map(\.channel) == Array(0...7))
-        #expect(servo.channels[4].role == .esc)
-        #expect(servo.channels[4].failsafe == .pulse(Microseconds(1000)))
+        #expect(servo.channels.prefix(4).allSatisfy { $0.role == .servo })
+        #expect(servo.channels.suffix(4).allSatisfy { $0.role == .pwm && $0.failsafe == .off })
         #expect(servo.channels[0].failsafe == .hold)
-        #expect(servo.channels[6].role == .pwm)
-        #expect(servo.channels[6].failsafe == .off)
+        #expect(servo.channels[3].failsafe == .pulse(Microseconds(1500)))
+        #expect(board.switches.map(\.index) == [0, 1, 2, 3])
+        #expect(board.switches.allSatisfy { $0.output == .emulated && !$0.safeOn })
+        #expect(board.ble.setAlias && !board.ble.acknowledgedWrites)
         let lcd = try #require(board.lcd)
         #expect(lcd.address == I2CAddress(0x27))
         #expect(lcd.columns == 16 && lcd.rows == 2)
@@ -53,17 +55,71 @@ struct BoardFileTests {
         #expect(board.silenceTimeout == nil)
     }
 
+    @Test("board/rc-car.yaml: a steering servo and an ESC with its neutral-then-off failsafe")
+    func rcCarBoard() throws {
+        let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/rc-car.yaml").path)
+        let servo = try #require(board.servo)
+        #expect(servo.channels.map(\.role) == [.servo, .esc])
+        #expect(servo.channels[0].failsafe == .pulse(Microseconds(1500)))
+        #expect(servo.channels[1].failsafe == .pulse(Microseconds(1000)))
+        #expect(servo.channels[1].failsafeDwell == .milliseconds(500))
+        #expect(board.silenceTimeout == .milliseconds(1000))
+    }
+
+    @Test("switches: GPIO lines, chip outputs or emulated; clashes and bad entries are named with their line")
+    func switches() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        servo:
+          channels:
+            - { channel: 0, output: 0 }
+        switches:
+          - { switch: 2, output: 12, safe: on }
+          - { switch: 0, line: 5, chip: gpiochip1, active_low: true }
+          - { switch: 1, emulated: true }
+        """, path: "t.yaml")
+        #expect(board.switches == [
+            SwitchConfiguration(index: 0, output: .gpio(chip: "gpiochip1", line: 5, lineName: nil, activeLow: true)),
+            SwitchConfiguration(index: 1, output: .emulated),
+            SwitchConfiguration(index: 2, output: .pca9685(output: 12), safeOn: true),
+        ])
+        let bad = problems(minimal + """
+
+        servo:
+          channels:
+            - { channel: 0, output: 0 }
+        led: { line_name: GPIO17 }
+        switches:
+          - { switch: 0, output: 0 }
+          - { switch: 1, line_name: GPIO17 }
+          - { switch: 1, emulated: true }
+          - { switch: 3 }
+          - { switch: 4, emulated: true, output: 3 }
+          - { switch: 300, emulated: true }
+        """)
+        #expect(bad.contains { $0.field == "switches[0].output" && $0.message.contains("already drives a channel") })
+        #expect(bad.contains { $0.field == "switches[1]" && $0.message.contains("status LED") })
+        #expect(bad.contains { $0.field == "switches[2].switch" && $0.message.contains("already defined") })
+        #expect(bad.contains { $0.field == "switches[3]" && $0.message.contains("exactly one of") })
+        #expect(bad.contains { $0.field == "switches[4]" })
+        #expect(bad.contains { $0.field == "switches[5].switch" && $0.message.contains("out of range") })
+        #expect(bad.allSatisfy { $0.line != nil })
+    }
+
     @Test("The simulator board compiled into the binary is board/simulator.yaml (run scripts/embed-boards)")
     func embeddedCopyIsCurrent() throws {
         let file = try String(contentsOf: repositoryRoot.appendingPathComponent("board/simulator.yaml"), encoding: .utf8)
         #expect(EmbeddedBoards.simulator == String(file.dropLast(file.hasSuffix("\n") ? 1 : 0)))
     }
 
-    @Test("board/raspberry-pi.yaml names the Pi's i2c-1 and GPIO17")
+    @Test("board/raspberry-pi.yaml names the Pi's i2c-1, GPIO17 and the demo app's layout")
     func raspberryPiBoard() throws {
         let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/raspberry-pi.yaml").path)
         #expect(board.buses["i2c1"]?.kind == .device(path: "/dev/i2c-1"))
         #expect(board.led == .gpio(chip: "gpiochip0", line: nil, lineName: "GPIO17", activeLow: false))
+        let servo = try #require(board.servo)
+        #expect(servo.channels.map(\.role) == [.servo, .servo, .servo, .servo, .pwm, .pwm, .pwm, .pwm])
+        #expect(board.switches.map(\.output) == (22...25).map { .gpio(chip: "gpiochip0", line: nil, lineName: "GPIO\($0)", activeLow: false) })
         #expect(board.tcp == nil)
         #expect(board.controlSocketPath == "/run/blecontrol/control.sock")
     }

@@ -3,12 +3,12 @@ import Testing
 
 @Suite("CharacterROM")
 struct CharacterROMTests {
-    @Test("printable ASCII maps to itself, except \\ and ~ which A00 lacks")
+    @Test("printable ASCII maps to itself; \\ and ~ show as A00's ¥ and →, as on the original board")
     func ascii() {
-        let printable = (0x20...0x7D).filter { $0 != 0x5C }.map { UInt8($0) }
+        let printable = (0x20...0x7E).map { UInt8($0) }
         let text = String(decoding: printable, as: UTF8.self)
         #expect(CharacterROM.encode(text) == printable)
-        #expect(CharacterROM.encode("a\\b~c") == [0x61, CharacterROM.fallback, 0x62, CharacterROM.fallback, 0x63])
+        #expect(CharacterROM.encode("a\\b~c") == [0x61, 0x5C, 0x62, 0x7E, 0x63])
     }
 
     @Test("characters A00 has map to their codes (datasheet Table 4)", arguments: [
@@ -53,12 +53,16 @@ struct CharacterROMTests {
         #expect(CharacterROM.encode("ｶﾞ") == [0xB6, 0xDE])
     }
 
-    @Test("invalid UTF-8 never traps: each bad sequence is a fallback cell")
+    @Test("bytes that are not UTF-8 are the ROM's own codes: DF is °, A5 is ･; nothing traps")
     func invalidUTF8() {
-        #expect(CharacterROM.encode(utf8: [0x48, 0xFF, 0xC3, 0x69]) == [0x48, 0xFF, 0xFF, 0x69])
-        #expect(CharacterROM.encode(utf8: [0xC3, 0xA4]) == [0xE1])
+        #expect(CharacterROM.encode(utf8: [0x32, 0x30, 0xDF, 0x43]) == [0x32, 0x30, 0xDF, 0x43])
+        #expect(CharacterROM.decode(CharacterROM.encode(utf8: [0x32, 0x30, 0xDF, 0x43])) == "20°C")
+        #expect(CharacterROM.encode(utf8: [0xA5]) == [0xA5])
+        #expect(CharacterROM.encode(utf8: [0x48, 0xFF, 0xC3, 0x69]) == [0x48, 0xFF, 0xC3, 0x69])
+        #expect(CharacterROM.encode(utf8: [0xC3, 0xA4]) == [0xE1], "valid UTF-8 stays text")
+        #expect(CharacterROM.encode(utf8: [0xC2, 0xB0, 0x43]) == [0xDF, 0x43], "UTF-8 ° and the raw code agree")
         #expect(CharacterROM.encode(utf8: []) == [])
-        #expect(CharacterROM.encode(utf8: [0xED, 0xA0, 0x80]).allSatisfy { $0 == 0xFF })
+        #expect(CharacterROM.encode(utf8: [0xED, 0xA0, 0x80]) == [0xED, 0xA0, 0x80], "a surrogate is not UTF-8")
         // Every possible byte, alone and in pairs.
         for first in 0...255 {
             #expect(CharacterROM.encode(utf8: [UInt8(first)]).count == 1)

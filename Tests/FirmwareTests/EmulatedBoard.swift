@@ -23,7 +23,7 @@ final class EmulatedBoard: @unchecked Sendable {
     private var sent: [UInt8] = []
 
     init(yaml: String? = nil, attachDisplay: Bool = true, retryInterval: Duration = .milliseconds(50)) throws {
-        configuration = try BoardFile.parse(yaml ?? EmbeddedBoards.simulator, path: "test.yaml")
+        configuration = try BoardFile.parse(yaml ?? escBoard, path: "test.yaml")
         let servoConfiguration = configuration.servo!
         let lcdConfiguration = configuration.lcd!
         var logger = Logger(label: "test")

@@ -11,9 +11,15 @@ import Board
 import Control
 import Reactor
 
-/// The simulator board with the failsafe knobs turned for tests.
+/// The simulator board with an ESC on channel 4 (board/rc-car.yaml's
+/// failsafe), for the tests of every channel role.
+let escBoard = EmbeddedBoards.simulator.replacingOccurrences(
+    of: "- { channel: 4, output: 4, role: pwm }",
+    with: "- { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 500 }")
+
+/// The ESC board with the failsafe knobs turned for tests.
 func testBoard(silenceMs: Int = 0, dwellMs: Int = 150, faultMs: Int = 200, stallMs: Int = 200) -> String {
-    EmbeddedBoards.simulator
+    escBoard
         .replacingOccurrences(of: "failsafe_dwell_ms: 500", with: "failsafe_dwell_ms: \(dwellMs)")
         .replacingOccurrences(of: "silence_timeout_ms: 0 ", with: "silence_timeout_ms: \(silenceMs) ")
         .replacingOccurrences(of: "stall_timeout_ms: 500 ", with: "stall_timeout_ms: \(stallMs) ")
@@ -418,6 +424,24 @@ struct FailsafeTests {
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 100)))
         #expect(eventually { (try? board.servo().failsafe)?.contains("stalled") == true })
         #expect(eventually { (try? board.runtime.status().led?.pattern) == "fast-blink" })
+    }
+
+    @Test("SWITCH_VAL drives the configured switches; an unknown index gets ERROR 06; a failsafe sets the safe states")
+    func switches() throws {
+        let board = try RunningBoard(yaml: testBoard())
+        let central = try LoopbackTCPClient(port: board.port)
+        var frames: [UInt8] = []
+        for index in UInt8(0)...3 { FrameEncoder.encode(.switchValue(index: index, on: index % 2 == 0), into: &frames) }
+        FrameEncoder.encode(.switchValue(index: 9, on: true), into: &frames)
+        try central.send(frames)
+        #expect(central.receive(count: 3) == [0xFF, 0x01, 0x06], "switch 9 is not on this board")
+        try board.settle(frames: 5)
+        let lines = try #require(board.runtime.emulators?.switches)
+        #expect((0...3).map { lines[$0]?.isActive } == [true, false, true, false])
+        #expect(try board.runtime.status().switches.map(\.on) == [true, false, true, false])
+        board.runtime.engageFailsafe(reason: "test")
+        #expect(eventually { (0...3).allSatisfy { lines[$0]?.isActive == false } }, "safe state: off")
+        _ = central
     }
 
     @Test("Stopping the board switches every output off")

@@ -94,6 +94,13 @@ for _ in $(seq 100); do
         org.freedesktop.DBus.NameHasOwner string:org.bluez 2>/dev/null | grep -q 'boolean true' && break
     sleep 0.1
 done
+# bluetoothd may take the name before the kernel has told it about hci0
+# (its first index list can come back empty on a busy machine): wait for
+# the adapter object rather than look once.
+for _ in $(seq 600); do
+    dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null | grep -q '/org/bluez/hci0"' && break
+    sleep 0.1
+done
 if dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null | grep -q '/org/bluez/hci0"'; then
     pass ble-bluez "system bus + bluetoothd $(/usr/libexec/bluetooth/bluetoothd -v) up, /org/bluez/hci0 present"
 else

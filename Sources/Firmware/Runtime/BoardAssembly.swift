@@ -14,8 +14,10 @@ public struct BoardEmulators: @unchecked Sendable {
     public var pca9685: [PCA9685Emulator] = []
     public var lcd: LCDBackpackEmulator?
     public var led: EmulatedDigitalOutput?
+    /// Emulated switch lines by switch index.
+    public var switches: [Int: EmulatedDigitalOutput] = [:]
 
-    public var isEmpty: Bool { buses.isEmpty && led == nil }
+    public var isEmpty: Bool { buses.isEmpty && led == nil && switches.isEmpty }
 }
 
 /// What a status report reads back from the hardware: on a simulator board
@@ -119,6 +121,7 @@ struct BoardAssembly {
     let servoFrequency: Hertz
     let lcd: LCDService?
     let led: StatusLED?
+    let switches: SwitchBank?
 
     init(configuration: BoardConfiguration, watchdogInterval: Duration?, logger: Logger) throws {
         self.configuration = configuration
@@ -182,6 +185,26 @@ struct BoardAssembly {
         case nil:
             led = nil
         }
+
+        var switchDrivers: [(SwitchConfiguration, SwitchBank.Driver)] = []
+        for item in configuration.switches {
+            switch item.output {
+            case .emulated:
+                let line = EmulatedDigitalOutput(name: "switch\(item.index)")
+                emulators.switches[item.index] = line
+                switchDrivers.append((item, .line(line)))
+            case .gpio(let chip, let line, let lineName, let activeLow):
+                do {
+                    switchDrivers.append((item, .line(try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow))))
+                } catch {
+                    throw BoardBuses.SetupError(description: "switch \(item.index): \(error)")
+                }
+            case .pca9685(let output):
+                guard let servo else { throw BoardBuses.SetupError(description: "switch \(item.index): no PCA9685 on this board") }
+                switchDrivers.append((item, .chip(servo, chip: 0, output: output)))
+            }
+        }
+        switches = switchDrivers.isEmpty ? nil : SwitchBank(switchDrivers, logger: logger)
         self.emulators = emulators
         observer = emulators.isEmpty ? nil : EmulatorObserver(emulators: emulators)
     }

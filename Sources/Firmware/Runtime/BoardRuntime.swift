@@ -60,7 +60,7 @@ public final class BoardRuntime: @unchecked Sendable {
         instanceLock = try InstanceLock(directory: Files.environment("RUNTIME_DIRECTORY") ?? Files.directory(of: socketPath), board: configuration.name)
         loop = try EventLoop(name: "blecontrol-io")
         parts = try BoardAssembly(configuration: configuration, watchdogInterval: notifier.watchdogInterval, logger: logger)
-        dispatcher = Dispatcher(servo: parts.servo, lcd: parts.lcd, logger: logger)
+        dispatcher = Dispatcher(servo: parts.servo, lcd: parts.lcd, switches: parts.switches, logger: logger)
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, maxConnections: configuration.tcp?.maxConnections ?? 64, logger: logger)
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
@@ -203,6 +203,7 @@ public final class BoardRuntime: @unchecked Sendable {
     /// On the loop: the board's own message on the LCD while the failsafe
     /// holds (the centrals' text comes back when it ends), and the LED.
     private func failsafeEngaged(_ reason: String) {
+        parts.switches?.failsafe()
         parts.lcd?.show(.failsafe, ["FAILSAFE", reason])
         indicator?.refresh()
     }

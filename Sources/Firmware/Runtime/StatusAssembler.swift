@@ -66,6 +66,11 @@ struct StatusAssembler {
         let ledStatus = parts.led.map { led in
             StatusReport.LED(pattern: "\(led.pattern)", lit: parts.observer?.ledLit() ?? led.isLit)
         }
+        var switchStatus = parts.switches?.report ?? []
+        // On the simulator, what the emulated line shows.
+        for index in switchStatus.indices {
+            if let line = parts.emulators.switches[switchStatus[index].switch] { switchStatus[index].on = line.isActive }
+        }
         let sessions = hub.sessions.map { session in
             StatusReport.SessionInfo(
                 id: session.id, transport: session.transport.rawValue, peer: session.peer,
@@ -77,7 +82,7 @@ struct StatusAssembler {
         return StatusReport(
             board: configuration.name, version: BLEControlVersion.string,
             uptimeSeconds: (startedAt.duration(to: now).inSeconds * 10).rounded() / 10,
-            simulated: parts.observer != nil, channels: channels, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
+            simulated: parts.observer != nil, channels: channels, switches: switchStatus, servo: servoStatus, lcd: lcdStatus, led: ledStatus,
             sessions: sessions,
             counters: StatusReport.Counters(frames: counters.frames, errors: counters.errors, discardedPartials: counters.discardedPartials,
                                             sessionsTotal: hub.totalOpened, refusedConnections: refusedConnections),

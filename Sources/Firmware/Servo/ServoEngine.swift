@@ -45,6 +45,9 @@ struct ServoEngine {
     private(set) var configured: [Int]
     /// Outputs of channels a reload removed or moved: written off once.
     private var retired: [(chip: Int, output: Int)] = []
+    /// PCA9685 outputs that SWITCH_VAL holds fully on or off (switches whose
+    /// board-file output is a chip pin), with what each should show.
+    private var switchOutputs: [(chip: Int, output: Int, on: Bool, dirty: Bool)] = []
     /// The channels taken by the last ``nextAction(at:)`` that said flush.
     private(set) var batch: [Staged] = []
     private(set) var metrics = ServoPath.Metrics()
@@ -154,6 +157,18 @@ struct ServoEngine {
     /// The chip came back (or started): everything asked for goes out again.
     mutating func markAllDirty() {
         for channel in configured { dirty[channel] = true }
+        for index in switchOutputs.indices { switchOutputs[index].dirty = true }
+    }
+
+    /// SWITCH_VAL on a switch wired to a chip output: held fully on or off.
+    mutating func setSwitch(chip: Int, output: Int, on: Bool) {
+        if let index = switchOutputs.firstIndex(where: { $0.chip == chip && $0.output == output }) {
+            switchOutputs[index].on = on
+            switchOutputs[index].dirty = true
+        } else {
+            switchOutputs.append((chip, output, on, true))
+        }
+        tracker.submit()
     }
 
     // MARK: The servo thread's next step
@@ -162,7 +177,9 @@ struct ServoEngine {
     /// ``batch`` (flush now) or says until when to wait.
     mutating func nextAction(at now: ContinuousClock.Instant) -> Action {
         let dwellDeadline = expireDwells(at: now)
-        guard !retired.isEmpty || configured.contains(where: { dirty[$0] }) else { return .wait(until: dwellDeadline) }
+        guard !retired.isEmpty || configured.contains(where: { dirty[$0] }) || switchOutputs.contains(where: \.dirty) else {
+            return .wait(until: dwellDeadline)
+        }
         // Pace flushes: no more than useful per PWM period.
         if let nextToken = takeFlushToken(at: now) {
             return .wait(until: dwellDeadline.map { min($0, nextToken) } ?? nextToken)
@@ -172,6 +189,12 @@ struct ServoEngine {
             batch.append(Staged(channel: -1, chip: chip, output: output, value: nil, enabled: false, receivedAt: nil))
         }
         retired.removeAll()
+        for index in switchOutputs.indices where switchOutputs[index].dirty {
+            let item = switchOutputs[index]
+            // Full on / full off (§7.3.3): a duty of exactly 1 or 0.
+            batch.append(Staged(channel: -2 - index, chip: item.chip, output: item.output, value: .duty(item.on ? 1 : 0), enabled: true, receivedAt: nil))
+            switchOutputs[index].dirty = false
+        }
         for channel in configured where dirty[channel] {
             guard let state = channels[channel] else { continue }
             let configuration = state.configuration
@@ -201,7 +224,13 @@ struct ServoEngine {
     mutating func flushFailed() {
         metrics.failedFlushes += 1
         for item in batch {
-            if item.channel >= 0 { dirty[item.channel] = true } else { retired.append((item.chip, item.output)) }
+            if item.channel >= 0 {
+                dirty[item.channel] = true
+            } else if item.channel <= -2 {
+                switchOutputs[-2 - item.channel].dirty = true
+            } else {
+                retired.append((item.chip, item.output))
+            }
         }
     }
 

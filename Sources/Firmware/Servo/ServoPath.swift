@@ -197,6 +197,14 @@ public final class ServoPath: @unchecked Sendable {
         update { $0.setEnabled(enabled, channel: channel, receivedAt: receivedAt) }
     }
 
+    /// SWITCH_VAL for a switch wired to a chip output (fully on or off).
+    public func setSwitch(chip: Int = 0, output: Int, on: Bool) {
+        _ = update {
+            $0.setSwitch(chip: chip, output: output, on: on)
+            return true
+        }
+    }
+
     /// Changes the engine under the lock and wakes the servo thread when it
     /// took the change.
     private func update(_ change: (inout ServoEngine) -> Bool) -> Bool {

@@ -14,12 +14,21 @@ public final class Dispatcher: @unchecked Sendable {
 
     private let servo: ServoPath?
     private let lcd: LCDService?
+    private let switches: SwitchBank?
     private let logger: Logger
     public private(set) var counters = Counters()
 
     public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
         self.servo = servo
         self.lcd = lcd
+        switches = nil
+        self.logger = logger
+    }
+
+    init(servo: ServoPath?, lcd: LCDService?, switches: SwitchBank?, logger: Logger) {
+        self.servo = servo
+        self.lcd = lcd
+        self.switches = switches
         self.logger = logger
     }
 
@@ -40,6 +49,11 @@ public final class Dispatcher: @unchecked Sendable {
                 counters.errors += 1
             }
             return error.replyCommand.map { Message.error(command: $0) }
+        case .provisional(let message):
+            // Text shown while its frame's end is still open: applied, not
+            // counted, never answered (the frame's message follows).
+            _ = apply(message, receivedAt: receivedAt)
+            return nil
         }
     }
 
@@ -78,9 +92,10 @@ public final class Dispatcher: @unchecked Sendable {
             guard let lcd else { return false }
             lcd.clear()
             return true
-        case .switchValue:
-            // No switches on this board yet: the original firmware's answer.
-            return false
+        case .switchValue(let index, let on):
+            // An index the board does not configure: ERROR 06, the original
+            // firmware's answer to every SWITCH_VAL.
+            return switches?.set(Int(index), on: on) ?? false
         case .error:
             // ERROR flows board → central; a central sending it is confused.
             return false

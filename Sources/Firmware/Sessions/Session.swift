@@ -81,6 +81,7 @@ public final class Session: @unchecked Sendable {
         case .message: counters.frames += 1
         case .error(let error):
             if case .partialFrameDiscarded = error {} else { counters.errors += 1 }
+        case .provisional: break
         }
         let reply = dispatcher.handle(event, receivedAt: now)
         if case .message = event {

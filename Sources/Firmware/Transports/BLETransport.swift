@@ -35,7 +35,8 @@ public final class BLETransport: @unchecked Sendable {
         let peripheralConfiguration = BLEPeripheral.Configuration(
             name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: configuration.security,
             allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: version,
-            acquireWrite: configuration.acquireWrite
+            acquireWrite: configuration.acquireWrite, writeWithoutResponse: !configuration.acknowledgedWrites,
+            setAlias: configuration.setAlias
         )
         let handlers = BLEPeripheral.Handlers(
             write: { [weak self] central, bytes, withResponse, done in
