@@ -22,6 +22,15 @@ enum Executables {
 
     static var daemon: String { path("blecontrold", environment: "BLECONTROLD_BIN") }
     static var cli: String { path("blecontrol", environment: "BLECONTROL_BIN") }
+
+    /// The daemons the signal tests run: the one built for the tests, and
+    /// the release build when scripts/test names it (the optimiser once
+    /// ended the signal sources' lifetime early in release builds only).
+    static var daemons: [String] {
+        var all = [daemon]
+        if let release = ProcessInfo.processInfo.environment["BLECONTROLD_RELEASE_BIN"], !release.isEmpty, release != daemon { all.append(release) }
+        return all
+    }
 }
 
 struct HarnessError: Error, CustomStringConvertible {
@@ -82,13 +91,13 @@ final class SimulatorDaemon {
     private(set) var tcpPort: UInt16 = 0
     private let log: URL
 
-    init(extraArguments: [String] = [], environment: [String: String] = [:]) throws {
+    init(extraArguments: [String] = [], environment: [String: String] = [:], binary: String = Executables.daemon) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-e2e-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         socketPath = directory.appendingPathComponent("control.sock").path
         log = directory.appendingPathComponent("daemon.log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        process.executableURL = URL(fileURLWithPath: Executables.daemon)
+        process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = ["--control-socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
@@ -133,6 +142,19 @@ final class SimulatorDaemon {
 
     var isRunning: Bool { process.isRunning }
 
+    /// Sends `signal` and waits for the daemon to exit (bounded, so a daemon
+    /// that ignores it fails the test instead of hanging it); nil if it did not.
+    func exit(after signal: Int32, within timeout: Duration = .seconds(30)) -> (status: Int32, reason: Process.TerminationReason)? {
+        kill(process.processIdentifier, signal)
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+        guard !process.isRunning else { return nil }
+        return (process.terminationStatus, process.terminationReason)
+    }
+
+    /// The whole log.
+    var logText: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
+
     func log(tail lines: Int) -> String {
         let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
         return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
@@ -154,7 +176,7 @@ final class SimulatorDaemon {
     }
 
     /// Polls status until `condition` holds (outputs apply asynchronously).
-    func waitFor(_ what: String, timeout: Duration = .seconds(5), _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
+    func waitFor(_ what: String, timeout: Duration = .seconds(30), _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
         let deadline = ContinuousClock.now + timeout
         var last: [String: Any] = [:]
         while ContinuousClock.now < deadline {
@@ -173,6 +195,9 @@ extension Dictionary where Key == String, Value == Any {
     }
     func pulse(_ channel: Int) -> Double? { self.channel(channel)?["pulse_us"] as? Double }
     var lcdLines: [String] { ((self["lcd"] as? [String: Any])?["lines"] as? [String]) ?? [] }
+    func duty(_ channel: Int) -> Double? { self.channel(channel)?["duty"] as? Double }
+    /// Switch states in index order.
+    var switchStates: [Bool] { ((self["switches"] as? [[String: Any]]) ?? []).compactMap { $0["on"] as? Bool } }
 }
 
 extension SimulatorDaemon {

@@ -51,6 +51,69 @@ struct SimulatorEndToEndTests {
         #expect(daemon.isRunning)
     }
 
+    @Test("The original demo app's whole session: enable 0-7, servo sliders 0-3, PWM sliders 4-7 (a negative one too), switches 0-3, two LCD lines, leaving the screen")
+    func demoAppSession() throws {
+        let daemon = try SimulatorDaemon()
+        let app = try LoopbackTCPClient(port: daemon.tcpPort)
+        // On connect: every analog output enabled (with response each).
+        for channel in UInt8(0)...7 { try app.send(FrameEncoder.encode(.enable(channel: channel, on: true))) }
+        // The app resends every set value of a kind whenever one changes:
+        // the servo sliders as they are moved one after another.
+        let servos: [UInt16] = [100, 400, 700, 1000]
+        for moved in 0..<servos.count {
+            for channel in 0...moved { try app.send(FrameEncoder.encode(.servo(channel: UInt8(channel), value: servos[channel]))) }
+        }
+        // PWM sliders built from an Int16: -0.5 arrives as FE 0C.
+        let pwm: [Int16] = [250, 500, 1000, -500]
+        for (offset, value) in pwm.enumerated() {
+            try app.send(FrameEncoder.encode(.pwm(channel: UInt8(4 + offset), value: UInt16(bitPattern: value))))
+        }
+        #expect(FrameEncoder.encode(.pwm(channel: 7, value: UInt16(bitPattern: -500))) == [0x03, 0x03, 0x07, 0xFE, 0x0C])
+        // The four switches (without response), then the two LCD lines.
+        for (index, on) in [true, false, true, true].enumerated() {
+            try app.send([0x06, 0x02, UInt8(index), on ? 1 : 0])
+        }
+        try app.send([0x04, 0x0C, 0x00] + Array("BLEControl".utf8) + [0x00])
+        try app.send([0x04, 0x0A, 0x01] + Array("Demo app".utf8) + [0x00])
+
+        let status = try daemon.waitFor("the demo app's outputs") { status in
+            (0..<4).allSatisfy { abs((status.pulse($0) ?? 0) - (1000 + Double(servos[$0]))) <= pulseStep }
+                && status.switchStates == [true, false, true, true] && status.lcdLines.last?.hasPrefix("Demo app") == true
+                && abs((status.duty(4) ?? 0) - 0.25) < 0.001
+        }
+        #expect(abs((status.duty(5) ?? 0) - 0.5) < 0.001)
+        #expect(status.duty(6) == 1)
+        #expect(status.duty(7) == 1, "a negative PWM value is 100 %, as the original board showed it")
+        #expect(status.lcdLines == ["BLEControl      ", "Demo app        "])
+        // Nothing the app sent drew an ERROR: the first reply on the
+        // connection is the one this deliberately bad frame draws.
+        try app.send(Bytes.unknown9)
+        #expect(app.receive(count: 3) == Bytes.error9)
+
+        // Leaving the control screen: every output disabled, the session stays.
+        for channel in UInt8(0)...7 { try app.send(FrameEncoder.encode(.enable(channel: channel, on: false))) }
+        let left = try daemon.waitFor("every channel stopped") { status in (0...7).allSatisfy { status.pulse($0) == 0 } }
+        #expect((left["sessions"] as? [[String: Any]])?.count == 1)
+        #expect((left["servo"] as? [String: Any])?["failsafe"] == nil || (left["servo"] as? [String: Any])?["failsafe"] is NSNull)
+    }
+
+    @Test("A hand-typed LCD_TEXT without its 0x00 is shown at once and does not swallow the next frame")
+    func handTypedText() throws {
+        let daemon = try SimulatorDaemon()
+        let central = try LoopbackTCPClient(port: daemon.tcpPort)
+        try central.send(Bytes.enable0)
+        try central.send([0x04, 0x04, 0x00, 0x41, 0x42, 0x43])
+        _ = try daemon.waitFor("ABC on the top line") { $0.lcdLines.first?.hasPrefix("ABC ") == true }
+        try central.send(Bytes.servo0At500)
+        _ = try daemon.waitFor("channel 0 at 1500 µs") { abs(($0.pulse(0) ?? 0) - 1500) <= pulseStep }
+        // In one write, too.
+        try central.send([0x04, 0x04, 0x01, 0x44, 0x45, 0x46] + FrameEncoder.encode(.servo(channel: 0, value: 0)))
+        _ = try daemon.waitFor("DEF and channel 0 at 1000 µs") { abs(($0.pulse(0) ?? 0) - 1000) <= pulseStep && $0.lcdLines.last?.hasPrefix("DEF ") == true }
+        // A partial frame that expires is answered with ERROR for its command.
+        try central.send([0x02, 0x03, 0x00])
+        #expect(central.receive(count: 3, timeout: .seconds(30)) == [0xFF, 0x01, 0x02])
+    }
+
     @Test("The same frames merged into one write and split byte by byte")
     func splitAndMerged() throws {
         let daemon = try SimulatorDaemon()
