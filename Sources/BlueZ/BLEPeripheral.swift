@@ -202,7 +202,10 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// What the transport is doing, as one line for status.
     public var stateDescription: String {
         let status = self.status
-        let refused = status.statistics.refused > 0 ? ", \(status.statistics.refused) writes refused (ble.allow)" : ""
+        var refused = status.statistics.refused > 0 ? ", \(status.statistics.refused) writes refused (ble.allow)" : ""
+        if status.statistics.deniedCallers > 0 { refused += ", \(status.statistics.deniedCallers) calls refused (not bluetoothd)" }
+        if status.statistics.oversized > 0 { refused += ", \(status.statistics.oversized) oversized writes refused" }
+        if status.statistics.unknownDevices > 0 { refused += ", \(status.statistics.unknownDevices) writes for devices bluetoothd does not report connected" }
         switch status.state {
         case .stopped: return "stopped"
         case .unavailable(let why), .starting(let why): return why + refused
