@@ -199,10 +199,75 @@ async def after_restart():
         check(ok, "after BlueZoo restart: notifications work", [n.hex() for n in notifications])
 
 
+async def adapter_alias(adapter):
+    from dbus_fast import BusType, Message
+    from dbus_fast.aio import MessageBus
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    try:
+        reply = await bus.call(Message(
+            destination="org.bluez", path="/org/bluez/" + adapter, interface="org.freedesktop.DBus.Properties",
+            member="Get", signature="ss", body=["org.bluez.Adapter1", "Alias"]))
+        return reply.body[0].value if reply.body else None
+    finally:
+        bus.disconnect()
+
+
+async def demo_app():
+    """The original demo app's whole session, with its write types: enable
+    0-7 on connect (with response), servo sliders 0-3 and PWM sliders 4-7
+    (without, resending every set value of the kind on each change, one PWM
+    negative), switches 0-3 (without), two LCD lines (with), and leaving the
+    control screen (every channel disabled, with response)."""
+    check(await adapter_alias("hci0") == NAME, "the adapter's alias is the board's name (what iOS lists)", await adapter_alias("hci0"))
+    hit = await find()
+    if not check(hit is not None, "demo app: finds the board"):
+        return
+    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
+        notifications = []
+        await client.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
+        for number in range(8):
+            await client.write_gatt_char(CHAR, bytes([0x01, 0x02, number, 0x01]), response=True)
+        servos = [100, 400, 700, 1000]
+        for moved in range(4):
+            for number in range(moved + 1):
+                value = servos[number]
+                await client.write_gatt_char(CHAR, bytes([0x02, 0x03, number, value >> 8, value & 0xFF]), response=False)
+        pwm = [250, 500, 1000, -500]
+        for offset, value in enumerate(pwm):
+            raw = value & 0xFFFF
+            await client.write_gatt_char(CHAR, bytes([0x03, 0x03, 4 + offset, raw >> 8, raw & 0xFF]), response=False)
+        for index, on in enumerate([1, 0, 1, 1]):
+            await client.write_gatt_char(CHAR, bytes([0x06, 0x02, index, on]), response=False)
+        await client.write_gatt_char(CHAR, bytes([0x04, 0x0C, 0x00]) + b"BLEControl" + bytes([0x00]), response=True)
+        await client.write_gatt_char(CHAR, bytes([0x04, 0x0A, 0x01]) + b"Demo app" + bytes([0x00]), response=True)
+
+        def outputs_match(report):
+            servo_ok = all(abs(channel(report, c).get("pulse_us", 0) - (1000 + servos[c])) < 5 for c in range(4))
+            duties = [channel(report, c).get("duty", -1) for c in range(4, 8)]
+            duty_ok = abs(duties[0] - 0.25) < 0.001 and abs(duties[1] - 0.5) < 0.001 and duties[2] == 1 and duties[3] == 1
+            switches = [s.get("on") for s in report.get("switches", [])]
+            return servo_ok and duty_ok and switches == [True, False, True, True]
+        ok = await wait_for(lambda: outputs_match(status()), 10)
+        report = status()
+        check(ok, "demo app: servos 0-3, PWM 4-7 (a negative one at 100 %), switches 0-3 as set",
+              [(c, channel(report, c).get("pulse_us"), channel(report, c).get("duty")) for c in range(8)] + [report.get("switches")])
+        check(report["lcd"]["lines"] == ["BLEControl      ", "Demo app        "], "demo app: both LCD lines", report["lcd"]["lines"])
+        # Nothing the app sent drew an ERROR: the first notification is the
+        # one this deliberately unknown command draws.
+        await client.write_gatt_char(CHAR, bytes([0x09, 0x00]), response=True)
+        await wait_for(lambda: len(notifications) > 0, 5)
+        check(notifications[:1] == [bytes([0xFF, 0x01, 0x09])], "demo app: no ERROR notification for anything the app sent", [n.hex() for n in notifications])
+        for channel_number in range(8):
+            await client.write_gatt_char(CHAR, bytes([0x01, 0x02, channel_number, 0x00]), response=True)
+        report = status()
+        check(all(channel(report, c).get("pulse_us") == 0 for c in range(8)), "demo app: leaving the screen stops every channel (acknowledged once applied)",
+              [channel(report, c).get("pulse_us") for c in range(8)])
+
+
 def main():
     phase = sys.argv[1] if len(sys.argv) > 1 else "scenario"
     try:
-        asyncio.run(scenario() if phase == "scenario" else after_restart())
+        asyncio.run(scenario() if phase == "scenario" else demo_app() if phase == "demo-app" else after_restart())
     except Exception as error:  # a crash is a failure, not a traceback-only exit
         check(False, "central script (" + phase + ") ran to the end", repr(error))
     sys.exit(1 if failures else 0)
