@@ -1,4 +1,4 @@
-/// The command byte that opens every BLEControl frame (PROTOCOL.md, "Frame").
+/// The command byte that opens every BLEControl frame (docs/protocol.md, "Frame").
 ///
 /// Codes 0…6 and 255 are fixed by the original iOS library (6, SWITCH_VAL,
 /// was sent by the library but never implemented by the STM32 firmware);

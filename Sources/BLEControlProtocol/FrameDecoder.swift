@@ -13,7 +13,7 @@ public enum DecoderEvent: Equatable, Hashable, Sendable {
     case provisional(Message)
 }
 
-/// Reassembles ``Message``s from a BLEControl byte stream (PROTOCOL.md,
+/// Reassembles ``Message``s from a BLEControl byte stream (docs/protocol.md,
 /// "Frame" and "Resynchronisation").
 ///
 /// The characteristic carries a byte stream, not one frame per write, so the
@@ -25,7 +25,7 @@ public enum DecoderEvent: Equatable, Hashable, Sendable {
 /// - An unknown command or a known command with a wrong length is skipped as
 ///   declared (its data bytes are waited for and dropped), then reported. The
 ///   decoder never waits for more than the 255 data bytes a length can declare.
-/// - LCD_TEXT quirk (PROTOCOL.md, "Known quirks"): the original iOS library
+/// - LCD_TEXT quirk (docs/protocol.md, "Known quirks"): the original iOS library
 ///   declares `Character` count + 2, which is too short for "\r\n" and for
 ///   non-ASCII text from other senders; hand-typed frames forget the 0x00.
 ///   If the declared data does not end in 0x00, the frame extends to the next
@@ -65,7 +65,7 @@ public struct FrameDecoder: Sendable {
         ///     500 ms is well above the gap between the writes of one frame and
         ///     well below what a user notices.
         ///   - textSearchLimit: 40 covers a 16- or 20-column line of multi-byte
-        ///     characters with margin (PROTOCOL.md: "display width plus a small margin").
+        ///     characters with margin (docs/protocol.md: "display width plus a small margin").
         public init(idleTimeout: Duration? = .milliseconds(500), textSearchLimit: Int = 40) {
             self.idleTimeout = idleTimeout
             self.textSearchLimit = textSearchLimit

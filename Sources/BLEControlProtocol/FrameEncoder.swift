@@ -1,4 +1,4 @@
-/// Builds wire frames from ``Message`` values (PROTOCOL.md, "Frame").
+/// Builds wire frames from ``Message`` values (docs/protocol.md, "Frame").
 ///
 /// Unlike the original iOS library, the LCD_TEXT length is the UTF-8 byte count
 /// plus 2, so the frames never depend on the decoder's LCD_TEXT quirk handling.

@@ -1,4 +1,4 @@
-/// A BLEControl frame as a typed value (PROTOCOL.md, "Frame").
+/// A BLEControl frame as a typed value (docs/protocol.md, "Frame").
 ///
 /// Values are carried exactly as they travel on the wire; clamping (servo safe
 /// range, PWM above 1000, channels the board lacks) is the firmware's job.

@@ -23,7 +23,7 @@ public struct BoardConfiguration: Sendable {
     public var tcp: TCPConfiguration?
     /// Where the control socket for `blecontrol` listens.
     public var controlSocketPath: String
-    /// A partial frame older than this is discarded (PROTOCOL.md); nil: never.
+    /// A partial frame older than this is discarded (docs/protocol.md); nil: never.
     public var protocolIdleTimeout: Duration?
     /// No frame from any central for this long triggers the failsafe; nil: off.
     public var silenceTimeout: Duration?
@@ -84,7 +84,7 @@ public enum ChannelRole: String, Sendable, Equatable, CaseIterable, CustomString
 
 /// One protocol channel and the PCA9685 output it drives.
 public struct ChannelConfiguration: Sendable, Equatable {
-    /// The channel number centrals use (PROTOCOL.md `ch`).
+    /// The channel number centrals use (docs/protocol.md `ch`).
     public var channel: Int
     /// The PCA9685 output pin (LED0…LED15).
     public var output: Int
@@ -143,7 +143,7 @@ public struct LCDConfiguration: Sendable, Equatable {
     public var charsPerTransaction: Int
 }
 
-/// One SWITCH_VAL output (PROTOCOL.md, "SWITCH_VAL").
+/// One SWITCH_VAL output (docs/protocol.md, "SWITCH_VAL").
 public struct SwitchConfiguration: Sendable, Equatable {
     /// Where the switch goes.
     public enum Output: Sendable, Equatable, CustomStringConvertible {
@@ -201,7 +201,7 @@ public struct BLEConfiguration: Sendable, Equatable {
     /// the daemon through a socket with no D-Bus round trip per write. Off by
     /// default because bluetoothd then routes writes *with* response through
     /// that socket too and acknowledges them at once, before they are applied,
-    /// which breaks PROTOCOL.md's acknowledgement rule.
+    /// which breaks docs/protocol.md's acknowledgement rule.
     public var acquireWrite: Bool = false
     /// Set the adapter's Alias to `name` while running (what iOS lists).
     public var setAlias: Bool = false

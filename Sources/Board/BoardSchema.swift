@@ -71,7 +71,7 @@ extension BoardReader {
         for (position, item) in items.enumerated() {
             let field = "switches[\(position)]"
             guard let fields = mapping(item, field, allowed: ["switch", "emulated", "chip", "line", "line_name", "active_low", "output", "safe"]) else { continue }
-            // PROTOCOL.md: the switch index is one byte.
+            // docs/protocol.md: the switch index is one byte.
             let index = integer(fields, "switch", in: 0...255, required: true)
             let safeOn = choice(fields, "safe", ["off": false, "on": true], default: false) ?? false
             let emulated = bool(fields, "emulated", default: false)
@@ -212,7 +212,7 @@ extension BoardReader {
                 "channel", "output", "role", "min_us", "center_us", "max_us", "invert",
                 "failsafe", "failsafe_us", "failsafe_dwell_ms",
             ]) else { continue }
-            // PROTOCOL.md: a channel is one byte.
+            // docs/protocol.md: a channel is one byte.
             let channel = integer(fields, "channel", in: 0...255, required: true)
             let output = integer(fields, "output", in: 0...15, default: channel.flatMap { $0 <= 15 ? $0 : nil })
             if fields.entries["output"] == nil, let channel, channel > 15 {

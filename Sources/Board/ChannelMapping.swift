@@ -2,7 +2,7 @@ import Devices
 import Hardware
 
 /// How protocol values become PCA9685 outputs for one configured channel.
-/// One place for the arithmetic of PROTOCOL.md's SERVO_VAL and PWM_VAL.
+/// One place for the arithmetic of docs/protocol.md's SERVO_VAL and PWM_VAL.
 extension ChannelConfiguration {
     /// The original firmware's timers: 1 MHz tick, 20 000-tick (50 Hz) period.
     static let originalPeriod = Microseconds(20_000)
@@ -41,7 +41,7 @@ extension ChannelConfiguration {
     /// Clamps a nominal width to 1000…2000 µs, mirrors it when inverted, and
     /// maps it piecewise-linearly onto this channel's calibration: 1000 →
     /// min_us, 1500 → center_us, 2000 → max_us. With the defaults
-    /// (1000/1500/2000) this is the identity, exactly PROTOCOL.md's
+    /// (1000/1500/2000) this is the identity, exactly docs/protocol.md's
     /// `1000 + value`; a servo that needs 600–2400 µs for its full travel,
     /// or whose neutral sits at 1480 µs, gets it from the board file.
     private func safePulse(_ width: Double) -> Microseconds {

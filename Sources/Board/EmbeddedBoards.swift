@@ -30,7 +30,7 @@ servo:
   # Writes per PWM period, on average (bursts of as many go out at once):
   # the chip shows new counts only from its next period. 0: no limit.
   max_flushes_per_period: 4
-  # channel: the number centrals send (PROTOCOL.md); output: the PCA9685 pin.
+  # channel: the number centrals send (docs/protocol.md); output: the PCA9685 pin.
   # role: servo | esc | pwm. Calibration of servo and esc channels: the
   # nominal 1000/1500/2000 µs (SERVO_VAL 0/500/1000) land on min_us/center_us/
   # max_us (center_us defaults to the middle); nothing goes beyond them.

@@ -70,7 +70,7 @@ struct DecoderErrorTests {
     func replyCommands() {
         #expect(ProtocolError.unknownCommand(42).replyCommand == 42)
         #expect(ProtocolError.badLength(command: 2, length: 9).replyCommand == 2)
-        // PROTOCOL.md: a partial frame that expires was not executed; its
+        // docs/protocol.md: a partial frame that expires was not executed; its
         // sender hears so (after a disconnect the session drops the reply).
         #expect(ProtocolError.partialFrameDiscarded(command: 2, bytes: 3).replyCommand == 2)
     }
@@ -263,7 +263,7 @@ struct DecoderErrorTests {
         #expect(decodeEvents(byteByByte(tooFar), configuration: configuration) == expected)
     }
 
-    // MARK: PROTOCOL.md's LCD_TEXT rule, case by case
+    // MARK: docs/protocol.md's LCD_TEXT rule, case by case
 
     @Test("a hand-typed frame with the right length and no 0x00 is shown at once and never swallows the next frame")
     func handTypedWithoutTerminator() {

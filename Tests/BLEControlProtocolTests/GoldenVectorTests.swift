@@ -2,7 +2,7 @@ import BLEControlProtocol
 import TestSupport
 import Testing
 
-/// The byte sequences of PROTOCOL.md's frame table, which the original iOS
+/// The byte sequences of docs/protocol.md's frame table, which the original iOS
 /// library and STM32 firmware fix: the encoder must produce them and the
 /// decoder must accept them however the link cuts them into writes.
 @Suite("Golden vectors")

@@ -6,7 +6,7 @@ import Testing
 // `RandomNumberGenerator`, so the same code feeds the seeded fallback
 // (`SplitMix64`, any toolchain) and PropertyBased (Swift ≥ 6.1).
 
-/// One wire vector: a message and the exact bytes PROTOCOL.md gives it.
+/// One wire vector: a message and the exact bytes docs/protocol.md gives it.
 struct GoldenVector: Sendable, CustomStringConvertible {
     let name: String
     let message: Message
@@ -15,7 +15,7 @@ struct GoldenVector: Sendable, CustomStringConvertible {
     var description: String { name }
 }
 
-/// The frames of PROTOCOL.md's table, as the original iOS library sends them.
+/// The frames of docs/protocol.md's table, as the original iOS library sends them.
 let goldenVectors: [GoldenVector] = [
     GoldenVector(name: "INIT", message: .initialize, bytes: [0x00, 0x00]),
     GoldenVector(name: "ANALOG_OUT_EN 3 on", message: .enable(channel: 3, on: true), bytes: [0x01, 0x02, 0x03, 0x01]),
@@ -110,7 +110,7 @@ func byteByByte(_ bytes: [UInt8]) -> [[UInt8]] {
 }
 
 /// The LCD_TEXT frame exactly as the original iOS library builds it
-/// (PROTOCOL.md, "Known quirks"): length counts `Character`s, the data is the
+/// (docs/protocol.md, "Known quirks"): length counts `Character`s, the data is the
 /// UTF-8 bytes and a 0x00.
 func originalSenderLCDFrame(line: UInt8, text: String) -> [UInt8] {
     [Command.lcdText.rawValue, UInt8(text.count + 2), line] + Array(text.utf8) + [0]

@@ -11,7 +11,7 @@ import Glibc
 /// ≈ 4.88 µs (datasheet §7.3.5 prescale 121).
 private let pulseStep = 4.9
 
-/// The original library's byte sequences (PROTOCOL.md golden vectors).
+/// The original library's byte sequences (docs/protocol.md golden vectors).
 private enum Bytes {
     static let initialize: [UInt8] = [0x00, 0x00]
     static let enable0: [UInt8] = [0x01, 0x02, 0x00, 0x01]

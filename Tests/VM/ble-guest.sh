@@ -8,7 +8,8 @@
 # why` lines to $OUT/results.txt like guest.sh.
 #
 # Usage: ble-guest.sh OUT   (reads OUT/guest.env: REPO, DAEMON, CLI, BLE_VENV, BLE_BENCH)
-# Phases of the central: scenario, restart (bluetoothd), bench-writevalue,
+# Phases of the central: scenario, restart (bluetoothd), ack (write
+# acknowledgements on a slow bus, both FFE1 layouts), bench-writevalue,
 # acquire (daemon restarted with ble.acquire_write: true), bench-acquire.
 set -u
 OUT=$1
@@ -58,7 +59,11 @@ if grep -q '^  acquire_write:' "$REPO/board/simulator.yaml"; then
 else
     BOARD_ACQUIRE=""
 fi
-phases="scenario restart"
+# Slow emulated buses (10 ms a byte) for the acknowledgement phase.
+export BOARD_SLOW=$work/board-slow.yaml BOARD_SLOW_STRICT=$work/board-slow-strict.yaml
+sed 's/byte_time_us: 90 /byte_time_us: 10000 /' "$REPO/board/simulator.yaml" > "$BOARD_SLOW"
+sed 's/^  acknowledged_writes: .*/  acknowledged_writes: true/' "$BOARD_SLOW" > "$BOARD_SLOW_STRICT"
+phases="scenario restart ack"
 [ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-writevalue"
 if [ -n "$BOARD_ACQUIRE" ]; then
     phases="$phases acquire"

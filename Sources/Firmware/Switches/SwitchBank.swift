@@ -4,7 +4,7 @@ import Hardware
 import Logging
 import Reactor
 
-/// The board's SWITCH_VAL outputs (PROTOCOL.md, "SWITCH_VAL"): each switch
+/// The board's SWITCH_VAL outputs (docs/protocol.md, "SWITCH_VAL"): each switch
 /// index the board file names drives a GPIO line, a PCA9685 output held fully
 /// on or off, or (on the simulator) an emulated line. On failsafe every
 /// switch goes to its safe state. Loop-confined: frames and the failsafe

@@ -87,7 +87,7 @@ public final class BLETransport: @unchecked Sendable {
         }
         hub.receive(bytes, for: session)
         // A write with response is acknowledged once the frames it carried
-        // reached the hardware (PROTOCOL.md "Transport"); ERROR replies went
+        // reached the hardware (docs/protocol.md "Transport"); ERROR replies went
         // out as notifications already.
         if withResponse { dispatcher.whenApplied(done) } else { done(nil) }
     }
