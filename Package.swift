@@ -16,6 +16,20 @@ packageDependencies.append(.package(url: "https://github.com/x-sheep/swift-prope
 protocolTestDependencies.append(.product(name: "PropertyBased", package: "swift-property-based"))
 #endif
 
+// Release builds for the packages (scripts/install, scripts/build-arm64) set
+// BLECONTROL_STATIC_C_LIBS=1: libgpiod and libi2c are then linked from
+// their static archives (libgpiod-dev and libi2c-dev ship them), so one
+// binary runs on bookworm (libgpiod2) and trixie (libgpiod3) alike and
+// the package depends on neither. `-l:libX.a` names the archive itself:
+// SwiftPM puts the system library directory first on the search path,
+// where libX.so would win over any other directory's libX.a.
+func linkC(_ library: String) -> LinkerSetting {
+    if Context.environment["BLECONTROL_STATIC_C_LIBS"] == "1" {
+        return .unsafeFlags(["-Xlinker", "-l:lib\(library).a"])
+    }
+    return .linkedLibrary(library)
+}
+
 let package = Package(
     name: "BLEControl",
     platforms: [.macOS(.v15)],
@@ -39,8 +53,8 @@ let package = Package(
             .product(name: "SystemPackage", package: "swift-system"),
         ]),
         // C views of i2c-dev and libgpiod (from libi2c-dev and libgpiod-dev).
-        .target(name: "CLinuxI2C", linkerSettings: [.linkedLibrary("i2c")]),
-        .target(name: "CGPIOD", linkerSettings: [.linkedLibrary("gpiod")]),
+        .target(name: "CLinuxI2C", linkerSettings: [linkC("i2c")]),
+        .target(name: "CGPIOD", linkerSettings: [linkC("gpiod")]),
         // libdbus-1 (libdbus-1-dev) and the BlueZ peripheral built on it.
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
         // The libdbus-1 binding: connection on the reactor, marshalling,
@@ -104,7 +118,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "FirmwareTests", dependencies: [
-            "Firmware", "Board", "Control", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
+            "Firmware", "Board", "Control", "CReactor", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BoardTests", dependencies: ["Board", "BlueZ", "Devices", "Hardware", "TestSupport"]),
@@ -116,3 +130,18 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// libFuzzer targets (Fuzz/), only when scripts/fuzz asks for them: they are
+// built with -sanitize=fuzzer and -parse-as-library, which no other
+// executable here survives, and they have no place in a normal build.
+if Context.environment["BLECONTROL_FUZZ"] == "1" {
+    package.targets += [
+        .target(name: "FuzzSupport", path: "Fuzz/support"),
+        .executableTarget(name: "fuzz-frames", dependencies: ["BLEControlProtocol", "FuzzSupport"], path: "Fuzz/frames"),
+        .executableTarget(name: "fuzz-session", dependencies: [
+            "BLEControlProtocol", "Board", "DeviceEmulators", "Devices", "Firmware", "FuzzSupport", "Hardware", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
+        ], path: "Fuzz/session"),
+        .executableTarget(name: "fuzz-board", dependencies: ["Board", "FuzzSupport"], path: "Fuzz/board"),
+    ]
+}

@@ -4,7 +4,7 @@ import Hardware
 
 /// Everything a board file says, validated. Built only by ``BoardFile``;
 /// every value in here is already known to be usable.
-public struct BoardConfiguration: Sendable {
+public struct BoardConfiguration: Sendable, Equatable {
     /// A name for logs and status (`simulator`, `raspberry-pi`, …).
     public var name: String
     /// I2C buses by the name the devices refer to them with.

@@ -240,7 +240,7 @@ extension BoardReader {
             }
             if let output {
                 if let line = outputLines[output] { fail(fields.entries["output"] ?? item, "\(field).output", "output \(output) is already used on line \(line)") }
-                outputLines[output] = (fields.entries["output"] ?? item).line ?? 0
+                outputLines[output] = (fields.entries["output"] ?? item).line
             }
             guard let channel, let output, let role, let minimum, let maximum, let center, let failsafe, let dwell else { continue }
             result.append(ChannelConfiguration(

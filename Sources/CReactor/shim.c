@@ -2,6 +2,7 @@
 #include "CReactor.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -57,6 +58,15 @@ void creactor_set_thread_name(const char *name) {
     strncpy(cut, name, sizeof cut - 1);
     cut[sizeof cut - 1] = 0;
     pthread_setname_np(pthread_self(), cut);
+}
+
+int creactor_pin_to_current_cpu(void) {
+    int cpu = sched_getcpu();
+    if (cpu < 0) return -1;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return sched_setaffinity(0, sizeof set, &set);
 }
 
 int creactor_mutex_init(pthread_mutex_t *mutex, int priority_inheritance) {

@@ -285,4 +285,28 @@ struct SimulatorEndToEndTests {
         let check = try run(Executables.daemon, ["--check-board"])
         #expect(check.status == 0)
     }
+
+    @Test("Hostile board files: 20 000 nested brackets and a file over 1 MiB are refused with file:line and exit status 2, not a crash")
+    func hostileBoardFiles() throws {
+        let directory = FileManager.default.temporaryDirectory
+        let nested = directory.appendingPathComponent("nested-\(UUID().uuidString.prefix(6)).yaml")
+        try ("name: deep\nbuses: " + String(repeating: "[", count: 20_000) + String(repeating: "]", count: 20_000) + "\n")
+            .write(to: nested, atomically: true, encoding: .utf8)
+        let large = directory.appendingPathComponent("large-\(UUID().uuidString.prefix(6)).yaml")
+        // A flow list of 300 000 entries: 1.5 MB.
+        try ("name: big\nbuses: [" + String(repeating: "1111, ", count: 300_000) + "1]\n").write(to: large, atomically: true, encoding: .utf8)
+        defer {
+            try? FileManager.default.removeItem(at: nested)
+            try? FileManager.default.removeItem(at: large)
+        }
+        for arguments in [["--check-board"], []] {
+            let deep = try run(Executables.daemon, ["--board", nested.path] + arguments)
+            #expect(deep.status == 2, "\(deep.stderr)")
+            #expect(deep.stderr.contains("\(nested.path):2: "), "\(deep.stderr)")
+            #expect(deep.stderr.contains("nested deeper than"), "\(deep.stderr)")
+            let big = try run(Executables.daemon, ["--board", large.path] + arguments)
+            #expect(big.status == 2, "\(big.stderr)")
+            #expect(big.stderr.contains("\(large.path):1: "), "\(big.stderr)")
+        }
+    }
 }

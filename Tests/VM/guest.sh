@@ -420,10 +420,61 @@ run_safety_checks() {
     check e9 "SIGUSR1: exit 0 through the all-off path (0xFD = 0x10)" signal_stops_all_off USR1
 }
 
+# --- (e) the wall clock steps back an hour (issue 12): a Pi has no RTC and --
+# NTP steps its clock. Every wait in the daemon is on the monotonic clock, so
+# the watchdog pings and the silence failsafe carry on as if nothing
+# happened; a wait on CLOCK_REALTIME would sleep the extra hour. Only this
+# VM's clock is stepped, and its loops count iterations, not wall seconds.
+count_pings() { grep -c '^WATCHDOG=1' "$work/notify.log" 2>/dev/null || echo 0; }
+pings_after() { # pings_after N: more than N WATCHDOG=1 arrive (bound: 60 s)
+    for _ in $(seq 600); do [ "$(count_pings)" -gt "$1" ] && return 0; sleep 0.1; done
+    echo "$(count_pings) pings, wanted more than $1"; return 1
+}
+failsafe_engaged() { # failsafe_engaged WORD: status names a failsafe whose reason has WORD (bound: 60 s)
+    for _ in $(seq 300); do
+        "$CLI" status --socket "$SOCKET" --json > "$work/status.json" 2>/dev/null \
+            && /usr/bin/python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["servo"]["failsafe"]; sys.exit(0 if f and sys.argv[2] in f else 1)' "$work/status.json" "$1" && return 0
+        sleep 0.2
+    done
+    echo "no $1 failsafe: $(cat "$work/status.json")"; return 1
+}
+run_clock_checks() {
+    local board=$work/board-clock.yaml port before
+    { cat "$work/board-vm.yaml"; printf 'failsafe:\n  silence_timeout_ms: 3000\n'; } > "$board"
+    rm -f "$work/notify.sock" "$work/notify.log"
+    /usr/bin/python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+with open(sys.argv[2], "a") as log:
+    while True:
+        for line in s.recv(4096).decode().splitlines():
+            log.write(line + "\n"); log.flush()
+' "$work/notify.sock" "$work/notify.log" &
+    local listener=$!
+    if ! NOTIFY_SOCKET=$work/notify.sock WATCHDOG_USEC=400000 start_daemon "$board" "$OUT/daemon-clock.log" > "$work/why" 2>&1; then
+        fail e10 "daemon starts for the clock checks" "$(cat "$work/why")"; kill "$listener"; return
+    fi
+    # A central that enables channel 0, sends one value, then stays connected and silent.
+    port=$("$CLI" status --socket "$SOCKET" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["transports"]["tcp"].rsplit(":", 1)[1])')
+    /usr/bin/python3 -c 'import socket,sys,time; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); s.sendall(bytes([1,2,0,1, 2,3,0,1,244])); time.sleep(120)' "$port" &
+    local central=$!
+    pings_after 2 > /dev/null
+    before=$(count_pings)
+    date -s "@$(( $(date +%s) - 3600 ))" > /dev/null
+    check e10 "the wall clock steps back an hour: the watchdog pings go on" pings_after $((before + 4))
+    check e11 "… and the silence timeout still engages the failsafe" failsafe_engaged silence
+    date -s "@$(( $(date +%s) + 3600 ))" > /dev/null
+    kill "$central" 2>/dev/null
+    check e12 "… and the daemon stops on SIGTERM, exit 0" stop_daemon
+    kill "$listener" 2>/dev/null
+}
+
 if [ -n "$BUS" ] && [ -n "$CHIP" ]; then
     run_daemon_checks
     run_recovery_checks
     run_safety_checks
+    run_clock_checks
 else
     fail b "daemon checks" "not run: no stub bus or no gpio-sim chip"
 fi

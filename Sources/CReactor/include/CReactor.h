@@ -44,6 +44,11 @@ int creactor_sigrtmax(void);
 /// pthread_setname_np for the calling thread (names are cut to 15 bytes).
 void creactor_set_thread_name(const char *name);
 
+/// Pins the calling thread to the CPU it runs on now (sched_getcpu,
+/// sched_setaffinity); threads it creates inherit that. 0 or -1 (errno).
+/// For tests that need threads to compete for one CPU.
+int creactor_pin_to_current_cpu(void);
+
 /// A mutex, optionally with priority inheritance (PTHREAD_PRIO_INHERIT): a
 /// lower-priority holder runs at the waiter's priority until it unlocks.
 int creactor_mutex_init(pthread_mutex_t *mutex, int priority_inheritance);
