@@ -52,13 +52,11 @@ final class Rig: @unchecked Sendable {
         precondition(configuration.servo?.channels.contains { $0.role == .esc } == true, "the ESC did not make it into the board")
         let (buses, emulators) = try BoardBuses.open(configuration, logger: logger)
         guard let servoConfiguration = configuration.servo, let lcdConfiguration = configuration.lcd,
-              let bus = buses[servoConfiguration.bus], let chip = emulators.pca9685.first, let display = emulators.lcd
+              let bus = buses[servoConfiguration.chips[0].bus], let chip = emulators.pca9685.first, let display = emulators.lcd
         else { fatalError("the simulator board lost its chips") }
         self.chip = chip
         self.display = display
-        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(
-            address: servoConfiguration.address, frequency: servoConfiguration.frequency,
-            oscillator: servoConfiguration.oscillator, totemPole: servoConfiguration.totemPole), logger: logger)
+        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(servoConfiguration.chips[0]), logger: logger)
         var timing = ServoPath.Timing()
         timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
         servo = ServoPath(driver: driver, channels: servoConfiguration.channels, timing: timing, logger: logger)

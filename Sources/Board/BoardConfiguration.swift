@@ -116,8 +116,8 @@ public struct ChannelConfiguration: Sendable, Equatable {
     }
 }
 
-/// The PCA9685 servo controller.
-public struct ServoConfiguration: Sendable, Equatable {
+/// One PCA9685 of the board.
+public struct PCA9685Chip: Sendable, Equatable, CustomStringConvertible {
     public var bus: String
     public var address: I2CAddress
     public var frequency: Hertz
@@ -125,7 +125,26 @@ public struct ServoConfiguration: Sendable, Equatable {
     public var oscillator: Hertz
     /// Totem-pole outputs (servo boards) rather than open-drain.
     public var totemPole: Bool
-    /// Sorted by channel number; channel and output numbers are unique.
+
+    public init(bus: String, address: I2CAddress, frequency: Hertz, oscillator: Hertz, totemPole: Bool) {
+        self.bus = bus
+        self.address = address
+        self.frequency = frequency
+        self.oscillator = oscillator
+        self.totemPole = totemPole
+    }
+
+    /// `PCA9685 0x40 on i2c1`, as messages name it.
+    public var description: String { "PCA9685 \(address) on \(bus)" }
+}
+
+/// The PCA9685 servo controllers and the protocol channels they drive.
+public struct ServoConfiguration: Sendable, Equatable {
+    /// The chips, in board-file order (at least one);
+    /// ``ChannelConfiguration/chip`` indexes this list.
+    public var chips: [PCA9685Chip]
+    /// Sorted by channel number; channel numbers and (chip, output) pairs
+    /// are unique.
     public var channels: [ChannelConfiguration]
     /// Flush budget per PWM period (0: unlimited); see `ServoPath.Timing`.
     public var maxFlushesPerPeriod: Int = 4
@@ -152,15 +171,16 @@ public struct SwitchConfiguration: Sendable, Equatable {
         /// A GPIO line through libgpiod, by chip and offset or line name.
         case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
         /// A PCA9685 output held fully on or off (datasheet §7.3.3, the
-        /// full-on and full-off bits).
-        case pca9685(output: Int)
+        /// full-on and full-off bits); `chip` indexes
+        /// ``ServoConfiguration/chips``.
+        case pca9685(chip: Int, output: Int)
 
         public var description: String {
             switch self {
             case .emulated: return "emulated"
             case .gpio(let chip, let line, let lineName, let activeLow):
                 return "\(chip):\(lineName ?? line.map(String.init) ?? "?")\(activeLow ? " (active low)" : "")"
-            case .pca9685(let output): return "PCA9685 output \(output)"
+            case .pca9685(let chip, let output): return chip == 0 ? "PCA9685 output \(output)" : "PCA9685 \(chip) output \(output)"
             }
         }
     }

@@ -14,8 +14,8 @@ extension BoardReader {
 
         let servo = top.entries["servo"].flatMap { servoController($0, buses: buses) }
         let lcd = top.entries["lcd"].flatMap { display($0, buses: buses) }
-        if let servo, let lcd, servo.bus == lcd.bus, servo.address == lcd.address {
-            fail(top.entries["lcd"], "lcd.address", "\(lcd.address) is already the servo controller's address on bus \(lcd.bus)")
+        if let servo, let lcd, servo.chips.contains(where: { $0.bus == lcd.bus && $0.address == lcd.address }) {
+            fail(top.entries["lcd"], "lcd.address", "\(lcd.address) is already a PCA9685's address on bus \(lcd.bus)")
         }
         let led = top.entries["led"].flatMap(statusLED)
         let switches = top.entries["switches"].map { switchList($0, servo: servo, led: led) } ?? []
@@ -67,7 +67,7 @@ extension BoardReader {
         if case .gpio(let chip, let line, let lineName, _)? = led {
             usedLines["\(chip):\(lineName ?? line.map(String.init) ?? "")"] = -1
         }
-        let channelOutputs = Set(servo?.channels.map(\.output) ?? [])
+        let channelOutputs = Set(servo?.channels.map { ChipOutput(chip: $0.chip, output: $0.output) } ?? [])
         for (position, item) in items.enumerated() {
             let field = "switches[\(position)]"
             guard let fields = mapping(item, field, allowed: ["switch", "emulated", "chip", "line", "line_name", "active_low", "output", "safe"]) else { continue }
@@ -97,18 +97,18 @@ extension BoardReader {
                 usedLines[key] = index ?? 0
                 output = .gpio(chip: chip, line: line, lineName: lineName, activeLow: bool(fields, "active_low", default: false))
             case (false, false, true):
-                guard servo != nil else {
+                guard let servo else {
                     fail(fields.entries["output"], "\(field).output", "a PCA9685 output needs the servo section's chip")
                     continue
                 }
-                guard let pin = integer(fields, "output", in: 0...15) else { continue }
+                guard let pin = chipOutput(fields, "output", chips: servo.chips.count) else { continue }
                 if channelOutputs.contains(pin) {
                     fail(fields.entries["output"], "\(field).output", "output \(pin) already drives a channel")
                 }
-                if result.contains(where: { $0.output == .pca9685(output: pin) }) {
+                if result.contains(where: { $0.output == .pca9685(chip: pin.chip, output: pin.output) }) {
                     fail(fields.entries["output"], "\(field).output", "output \(pin) is already a switch")
                 }
-                output = .pca9685(output: pin)
+                output = .pca9685(chip: pin.chip, output: pin.output)
             default:
                 fail(item, field, "needs exactly one of `emulated: true`, a GPIO line (`line_name: GPIO22` or `line: N`, with `chip`), or `output: N` (a PCA9685 output)")
                 continue
@@ -168,11 +168,68 @@ extension BoardReader {
         return bus
     }
 
+    /// The chip keys: in `servo:` itself for one chip, in each entry of
+    /// `servo.chips` for several.
+    private static let chipKeys = ["bus", "address", "frequency_hz", "oscillator_hz", "output_drive"]
+
     private func servoController(_ node: Node, buses: [String: BusConfiguration]) -> ServoConfiguration? {
-        guard let fields = mapping(node, "servo", allowed: [
-            "bus", "address", "frequency_hz", "oscillator_hz", "output_drive", "channels", "max_flushes_per_period",
-        ]) else { return nil }
+        guard let fields = mapping(node, "servo", allowed: Set(Self.chipKeys + ["chips", "channels", "max_flushes_per_period"])) else { return nil }
         let flushBudget = integer(fields, "max_flushes_per_period", in: 0...100, default: 4)
+        var chips: [PCA9685Chip?] = []
+        // Where each chip was written, for the line of a problem.
+        var chipNodes: [Node] = []
+        if let list = fields.entries["chips"] {
+            for key in Self.chipKeys where fields.entries[key] != nil {
+                fail(fields.entries[key], "servo.\(key)", "goes in each entry of servo.chips when the board lists its chips")
+            }
+            if case .sequence(let items, _) = list, (1...16).contains(items.count) {
+                for (index, item) in items.enumerated() {
+                    chipNodes.append(item)
+                    guard let chipFields = mapping(item, "servo.chips[\(index)]", allowed: Set(Self.chipKeys)) else { chips.append(nil); continue }
+                    chips.append(chip(chipFields, buses: buses))
+                }
+            } else {
+                fail(list, "servo.chips", "must be a list of 1 to 16 chips (bus, address, frequency_hz, oscillator_hz, output_drive)")
+            }
+        } else {
+            chips = [chip(fields, buses: buses)]
+            chipNodes = [node]
+        }
+        var seen: [PCA9685Chip] = []
+        for (index, chip) in chips.enumerated() {
+            guard let chip else { continue }
+            let entry = chipNodes[index]
+            if seen.contains(where: { $0.bus == chip.bus && $0.address == chip.address }) {
+                fail(entry, "servo.chips[\(index)].address", "\(chip.address) on \(chip.bus) is listed twice")
+            }
+            // Every PCA9685 answers the LED All Call address 0x70 from power-up
+            // until MODE1.ALLCALL is cleared (datasheet §7.1.2): writes meant
+            // for a chip at 0x70 would reach the others as well.
+            if chips.count > 1, chip.address.rawValue == 0x70 {
+                fail(entry, "servo.chips[\(index)].address", "0x70 is the All Call address every PCA9685 answers at power-up; give this chip another address")
+            }
+            seen.append(chip)
+        }
+        var channels: [ChannelConfiguration] = []
+        if let list = fields.entries["channels"] {
+            channels = self.channels(list, chips: chips.count)
+        } else {
+            fail(node, "servo.channels", "is required: list the channels centrals may drive")
+        }
+        guard let flushBudget, !chips.isEmpty, chips.allSatisfy({ $0 != nil }) else { return nil }
+        let resolved = chips.compactMap { $0 }
+        for (index, chip) in resolved.enumerated() where chip.frequency.value > 400 {
+            if channels.contains(where: { $0.chip == index && $0.role != .pwm }) {
+                let several = fields.entries["chips"] != nil
+                fail(several ? chipNodes[index] : fields.entries["frequency_hz"], several ? "servo.chips[\(index)].frequency_hz" : "servo.frequency_hz",
+                     "\(BoardReader.show(chip.frequency.value)) Hz is too fast for servo/esc channels (their pulses are up to 2.5 ms; use ≤ 400 Hz)")
+            }
+        }
+        return ServoConfiguration(chips: resolved, channels: channels.sorted { $0.channel < $1.channel }, maxFlushesPerPeriod: flushBudget)
+    }
+
+    /// One chip's settings from `fields` (the servo section or a chip entry).
+    private func chip(_ fields: Fields, buses: [String: BusConfiguration]) -> PCA9685Chip? {
         let bus = checkBus(fields, buses)
         let address = address(fields, "address", default: 0x40)
         // The prescaler spans 3…255 (datasheet §7.3.5): 24 Hz…1526 Hz at 25 MHz.
@@ -181,31 +238,45 @@ extension BoardReader {
         // up to 50 MHz on EXTCLK.
         let oscillator = number(fields, "oscillator_hz", in: 20_000_000...50_000_000, default: 25_000_000)
         let totemPole = choice(fields, "output_drive", ["totem-pole": true, "open-drain": false], default: true)
-        var channels: [ChannelConfiguration] = []
-        if let list = fields.entries["channels"] {
-            channels = self.channels(list)
-        } else {
-            fail(node, "servo.channels", "is required: list the channels centrals may drive")
-        }
-        guard let bus, let address, let frequency, let oscillator, let totemPole, let flushBudget else { return nil }
-        if frequency > 400, channels.contains(where: { $0.role != .pwm }) {
-            fail(fields.entries["frequency_hz"], "servo.frequency_hz", "\(BoardReader.show(frequency)) Hz is too fast for servo/esc channels (their pulses are up to 2.5 ms; use ≤ 400 Hz)")
-        }
-        return ServoConfiguration(
-            bus: bus, address: address, frequency: Hertz(frequency), oscillator: Hertz(oscillator),
-            totemPole: totemPole, channels: channels.sorted { $0.channel < $1.channel },
-            maxFlushesPerPeriod: flushBudget
-        )
+        guard let bus, let address, let frequency, let oscillator, let totemPole else { return nil }
+        return PCA9685Chip(bus: bus, address: address, frequency: Hertz(frequency), oscillator: Hertz(oscillator), totemPole: totemPole)
     }
 
-    private func channels(_ node: Node) -> [ChannelConfiguration] {
+    /// An output of one of `chips` PCA9685s: `N` (the first chip) or
+    /// `C:N` (chip C of servo.chips, counted from 0).
+    private func chipOutput(_ fields: Fields, _ key: String, chips: Int, default value: ChipOutput? = nil) -> ChipOutput? {
+        guard let (node, text) = scalar(fields, key) else { return value }
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false).map(String.init)
+        let numbers = parts.map { BoardReader.parseInteger($0) }
+        let parsed: ChipOutput?
+        switch (parts.count, numbers.first ?? nil, numbers.last ?? nil) {
+        case (1, let output?, _): parsed = ChipOutput(chip: 0, output: output)
+        case (2, let chip?, let output?): parsed = ChipOutput(chip: chip, output: output)
+        default: parsed = nil
+        }
+        guard let parsed else {
+            fail(node, fields.path(key), "\"\(text)\" is not an output: N (0…15) on the first chip, or CHIP:N")
+            return nil
+        }
+        guard (0..<max(chips, 1)).contains(parsed.chip) else {
+            fail(node, fields.path(key), "chip \(parsed.chip) is not in servo.chips (\(chips) chip\(chips == 1 ? "" : "s"), counted from 0)")
+            return nil
+        }
+        guard (0...15).contains(parsed.output) else {
+            fail(node, fields.path(key), "output \(parsed.output) is not one of the PCA9685's 0…15")
+            return nil
+        }
+        return parsed
+    }
+
+    private func channels(_ node: Node, chips: Int) -> [ChannelConfiguration] {
         guard case .sequence(let sequence, _) = node else {
             fail(node, "servo.channels", "must be a list of channels")
             return []
         }
         var result: [ChannelConfiguration] = []
         var channelLines: [Int: Int] = [:]
-        var outputLines: [Int: Int] = [:]
+        var outputLines: [ChipOutput: Int] = [:]
         for (index, item) in sequence.enumerated() {
             let field = "servo.channels[\(index)]"
             guard let fields = mapping(item, field, allowed: [
@@ -214,9 +285,9 @@ extension BoardReader {
             ]) else { continue }
             // docs/protocol.md: a channel is one byte.
             let channel = integer(fields, "channel", in: 0...255, required: true)
-            let output = integer(fields, "output", in: 0...15, default: channel.flatMap { $0 <= 15 ? $0 : nil })
+            let output = chipOutput(fields, "output", chips: chips, default: channel.flatMap { $0 <= 15 ? ChipOutput(chip: 0, output: $0) : nil })
             if fields.entries["output"] == nil, let channel, channel > 15 {
-                fail(item, "\(field).output", "is required for channel \(channel) (outputs are 0…15)")
+                fail(item, "\(field).output", "is required for channel \(channel) (outputs are 0…15, or CHIP:N)")
             }
             let role = choice(fields, "role", Dictionary(uniqueKeysWithValues: ChannelRole.allCases.map { ($0.rawValue, $0) }), default: .servo)
             // Hobby servos and ESCs are specified for 1000–2000 µs; some
@@ -244,9 +315,9 @@ extension BoardReader {
             }
             guard let channel, let output, let role, let minimum, let maximum, let center, let failsafe, let dwell else { continue }
             result.append(ChannelConfiguration(
-                channel: channel, output: output, role: role,
+                channel: channel, output: output.output, role: role,
                 minimum: Microseconds(minimum), center: Microseconds(center), maximum: Microseconds(maximum),
-                invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell)
+                invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell), chip: output.chip
             ))
         }
         return result
@@ -393,4 +464,11 @@ extension TCPConfiguration {
         guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "[" || $0 == "]" || $0 == "/" }) else { return nil }
         self.init(host: host, port: port)
     }
+}
+
+/// A PCA9685 output of the board: which chip of `servo.chips`, which pin.
+struct ChipOutput: Hashable, CustomStringConvertible {
+    var chip: Int
+    var output: Int
+    var description: String { chip == 0 ? "\(output)" : "\(chip):\(output)" }
 }

@@ -20,7 +20,14 @@ buses:
     emulated: true
     byte_time_us: 90              # like a real 100 kHz bus
 
-# The PCA9685 16-channel PWM controller.
+# The PCA9685 16-channel PWM controller. A board with several lists them
+# instead of bus/address/frequency_hz/oscillator_hz/output_drive:
+#   chips:
+#     - { bus: main, address: 0x40 }
+#     - { bus: main, address: 0x41, frequency_hz: 50 }
+# and names outputs CHIP:OUTPUT (`output: "1:4"`, chips counted from 0;
+# a plain number is on the first chip). board/hexapod.yaml drives 18
+# servos on two. 0x70 is every chip's All Call address: not on such boards.
 servo:
   bus: main
   address: 0x40
@@ -30,7 +37,8 @@ servo:
   # Writes per PWM period, on average (bursts of as many go out at once):
   # the chip shows new counts only from its next period. 0: no limit.
   max_flushes_per_period: 4
-  # channel: the number centrals send (docs/protocol.md); output: the PCA9685 pin.
+  # channel: the number centrals send (0–255, docs/protocol.md); output:
+  # the PCA9685 pin (0–15, or CHIP:PIN).
   # role: servo | esc | pwm. Calibration of servo and esc channels: the
   # nominal 1000/1500/2000 µs (SERVO_VAL 0/500/1000) land on min_us/center_us/
   # max_us (center_us defaults to the middle); nothing goes beyond them.

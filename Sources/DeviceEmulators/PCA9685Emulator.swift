@@ -104,6 +104,11 @@ public final class PCA9685Emulator: EmulatedI2CDevice, @unchecked Sendable {
     /// (for clearing RESTART with OCH = 1, §7.3.1.1).
     private var channelBytesWritten = [UInt8](repeating: 0, count: PCA9685Emulator.channelCount)
     private var writeCount = 0
+    /// Per channel, the outputs it has produced, oldest first (changes
+    /// only; the last ``historyLimit``).
+    private var produced: [[ChannelOutput]] = Array(repeating: [], count: PCA9685Emulator.channelCount)
+    /// How many changes ``history(channel:)`` keeps per channel.
+    public static let historyLimit = 64
 
     /// A chip in its power-on reset state (§7.5).
     /// - Parameter oscillator: the clock the chip runs from; the internal
@@ -133,6 +138,14 @@ public final class PCA9685Emulator: EmulatedI2CDevice, @unchecked Sendable {
     /// channel outside 0…15 reads as a pin that produces nothing.
     public func output(channel: Int) -> ChannelOutput {
         lock.withLock { computeOutput(channel: channel) }
+    }
+
+    /// What LED `channel` has produced since the chip was made, one entry
+    /// per change, oldest first (at most ``historyLimit``): a test can check
+    /// the order of outputs (an ESC's neutral pulse, then nothing) without
+    /// racing the time each one lasted.
+    public func history(channel: Int) -> [ChannelOutput] {
+        lock.withLock { produced.indices.contains(channel) ? produced[channel] : [] }
     }
 
     /// All 16 outputs, LED0 first.
@@ -178,6 +191,7 @@ public final class PCA9685Emulator: EmulatedI2CDevice, @unchecked Sendable {
                 write(byte, at: pointer)
                 advancePointer()
             }
+            recordOutputs()
         }
     }
 
@@ -204,6 +218,17 @@ public final class PCA9685Emulator: EmulatedI2CDevice, @unchecked Sendable {
                 latchAllLEDRegisters()
                 file[Int(Address.mode1)] &= ~Mode1.restart
             }
+            recordOutputs()
+        }
+    }
+
+    /// Appends each channel's output to its history when it changed.
+    private func recordOutputs() {
+        for channel in produced.indices {
+            let now = computeOutput(channel: channel)
+            guard produced[channel].last != now else { continue }
+            if produced[channel].count == Self.historyLimit { produced[channel].removeFirst() }
+            produced[channel].append(now)
         }
     }
 

@@ -174,21 +174,21 @@ private struct Context {
                 if let handle { opened[name] = handle } else { unavailable[name] = path }
             }
         }
-        if let servo = configuration.servo {
+        for chip in configuration.servo?.chips ?? [] {
             findings.append(probe(
-                "PCA9685 \(servo.address) on \(servo.bus)", bus: servo.bus, configuration: configuration,
+                "\(chip)", bus: chip.bus, configuration: configuration,
                 opened: opened, unavailable: unavailable
             ) { bus in
-                switch ChipProbe.pca9685(on: bus, at: servo.address) {
+                switch ChipProbe.pca9685(on: bus, at: chip.address) {
                 case .answered(let what):
                     return DoctorFinding(.ok, "", "answers: \(what)")
                 case .absent:
                     return DoctorFinding(
-                        .fail, "", "no answer at \(servo.address)",
-                        fix: "check the wiring (SDA pin 3, SCL pin 5, GND, VCC to 3.3 V) and the address jumpers A0–A5 against servo.address; `i2cdetect -y \(busNumber(configuration, servo.bus))` lists what answers"
+                        .fail, "", "no answer at \(chip.address)",
+                        fix: "check the wiring (SDA pin 3, SCL pin 5, GND, VCC to 3.3 V) and the address jumpers A0–A5 against the board file's address; `i2cdetect -y \(busNumber(configuration, chip.bus))` lists what answers"
                     )
                 case .failed(let why):
-                    return DoctorFinding(.fail, "", why, fix: "check the wiring and pull-ups; `i2cdetect -y \(busNumber(configuration, servo.bus))` lists what answers")
+                    return DoctorFinding(.fail, "", why, fix: "check the wiring and pull-ups; `i2cdetect -y \(busNumber(configuration, chip.bus))` lists what answers")
                 }
             })
         }

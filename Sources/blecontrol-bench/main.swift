@@ -80,11 +80,15 @@ func benchmarkDecoder() {
 /// Builds the simulator board in-process with an ephemeral TCP port and a
 /// private control socket.
 func startSimulator(flushBudget: Int = 4) throws -> BoardRuntime {
+    try startBoard(yaml: EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)"))
+}
+
+/// Builds the board `yaml` describes in-process, likewise.
+func startBoard(yaml: String) throws -> BoardRuntime {
     var logger = Logger(label: "bench")
     logger.logLevel = .critical
-    let yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
     let configuration = try BoardFile.parse(yaml, path: EmbeddedBoards.simulatorPath)
-    let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
+    let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid())-\(configuration.name).sock").path
     let runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socket)
     try runtime.start(tcpOverride: ("127.0.0.1", 0))
     return runtime
@@ -200,6 +204,53 @@ func benchmarkWritesPerFlush() throws {
         rounds += 1
     }
     print("  through the daemon, 8 SERVO_VAL frames in one TCP write × \(rounds): \(format(Double(totalWrites) / Double(rounds), 2)) bus writes and \(format(Double(totalFlushes) / Double(rounds), 2)) flushes per round")
+    try benchmarkTwoChips()
+}
+
+/// Two PCA9685s (0x40, 0x41) on the simulator's bus, 8 channels on each:
+/// each chip is written in its own transactions, and only when one of its
+/// channels changed.
+func benchmarkTwoChips() throws {
+    var channels = ""
+    for chip in 0..<2 {
+        for output in 0..<8 { channels += "    - { channel: \(chip * 8 + output), output: \"\(chip):\(output)\", role: servo }\n" }
+    }
+    let servo = EmbeddedBoards.simulator.range(of: "servo:\n")!.lowerBound
+    let end = EmbeddedBoards.simulator.range(of: "\nswitches:")!.lowerBound
+    // Its own name: its own instance lock beside the simulator's.
+    let yaml = String(EmbeddedBoards.simulator[..<servo]).replacingOccurrences(of: "name: simulator", with: "name: bench-two-chips")
+        + "servo:\n  chips:\n    - { bus: main, address: 0x40 }\n    - { bus: main, address: 0x41 }\n  max_flushes_per_period: 0\n  channels:\n" + channels
+        + String(EmbeddedBoards.simulator[end...])
+    let runtime = try startBoard(yaml: yaml)
+    defer { runtime.stop() }
+    guard let chips = runtime.emulators?.pca9685, chips.count == 2, let port = runtime.tcpPort else { return }
+    let central = try LoopbackTCPClient(port: port)
+    var enable: [UInt8] = []
+    for channel in 0..<16 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
+    try central.send(enable)
+    usleep(200_000)
+    print("  two chips (0x40, 0x41), 8 channels each, one TCP write per round × 200:")
+    for (label, changed) in [("1 channel on the second chip", [8]), ("8 channels on the second chip", Array(8..<16)), ("16 channels, 8 on each chip", Array(0..<16))] {
+        var writes = 0
+        var flushes = 0
+        var firstChipWrites = 0
+        for round in 0..<200 {
+            let before = try runtime.status().servo
+            let firstBefore = chips[0].registerWriteCount
+            let value = UInt16(round % 2 == 0 ? 200 : 800)
+            var frames: [UInt8] = []
+            for channel in changed { FrameEncoder.encode(.servo(channel: UInt8(channel), value: value), into: &frames) }
+            try central.send(frames)
+            _ = spin(until: .now + .seconds(1)) {
+                changed.allSatisfy { abs(chips[$0 / 8].output(channel: $0 % 8).pulseWidth.value - 1000 - Double(value)) < 5 }
+            }
+            let after = try runtime.status().servo
+            writes += (after?.busWrites ?? 0) - (before?.busWrites ?? 0)
+            flushes += (after?.flushes ?? 0) - (before?.flushes ?? 0)
+            if chips[0].registerWriteCount != firstBefore { firstChipWrites += 1 }
+        }
+        print("    \(label.padding(toLength: 30, withPad: " ", startingAt: 0)) \(format(Double(writes) / 200, 2)) bus writes, \(format(Double(flushes) / 200, 2)) flushes per round; rounds that wrote the first chip: \(firstChipWrites)")
+    }
 }
 
 // MARK: Servo dispatch (issue #5)
@@ -246,13 +297,9 @@ func benchmarkAllocations() {
 /// One run of the 500 frames/s servo workload through TCP, optionally with
 /// a second central rewriting the LCD as fast as it can.
 func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration: Double) throws -> (p50: Int, p99: Int, max: Int, frames: Int, busWrites: Int, flushes: Int, chunksWaited: Int, busWait: Int, elapsed: Double, scheduling: String) {
-    var logger = Logger(label: "bench")
-    logger.logLevel = .critical
     var yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
     if realtime { yaml = yaml.replacingOccurrences(of: "  priority: 0", with: "  priority: 50") }
-    let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid()).sock").path
-    let runtime = try BoardRuntime(configuration: try BoardFile.parse(yaml, path: "bench.yaml"), logger: logger, controlSocketPath: socket)
-    try runtime.start(tcpOverride: ("127.0.0.1", 0))
+    let runtime = try startBoard(yaml: yaml)
     defer { runtime.stop() }
     let port = runtime.tcpPort!
     let central = try LoopbackTCPClient(port: port)

@@ -33,9 +33,7 @@ struct BoardFileTests {
         #expect(board.name == "simulator")
         #expect(board.buses["main"] == BusConfiguration(kind: .emulated, byteTime: .microseconds(90), maxWriteLength: nil))
         let servo = try #require(board.servo)
-        #expect(servo.address == I2CAddress(0x40))
-        #expect(servo.frequency.value == 50)
-        #expect(servo.oscillator.value == 25_000_000)
+        #expect(servo.chips == [PCA9685Chip(bus: "main", address: I2CAddress(0x40)!, frequency: Hertz(50), oscillator: Hertz(25_000_000), totemPole: true)])
         #expect(servo.channels.map(\.channel) == Array(0...7))
         #expect(servo.channels.prefix(4).allSatisfy { $0.role == .servo })
         #expect(servo.channels.suffix(4).allSatisfy { $0.role == .pwm && $0.failsafe == .off })
@@ -66,6 +64,68 @@ struct BoardFileTests {
         #expect(board.silenceTimeout == .milliseconds(1000))
     }
 
+    @Test("board/hexapod.yaml: 18 servos on two chips, channels mapped as CHIP:OUTPUT")
+    func hexapodBoard() throws {
+        let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/hexapod.yaml").path)
+        let servo = try #require(board.servo)
+        #expect(servo.chips.map(\.address) == [I2CAddress(0x40), I2CAddress(0x41)])
+        #expect(servo.chips.allSatisfy { $0.bus == "i2c1" && $0.frequency.value == 50 })
+        #expect(servo.channels.map(\.channel) == Array(0...17))
+        #expect(servo.channels.prefix(9).allSatisfy { $0.chip == 0 } && servo.channels.suffix(9).allSatisfy { $0.chip == 1 })
+        #expect(servo.channels.map(\.output) == Array(0...8) + Array(0...8))
+    }
+
+    @Test("Several PCA9685s: chips listed with their own settings; outputs as CHIP:N; clashes named with their line")
+    func severalChips() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        servo:
+          chips:
+            - { address: 0x40 }
+            - { address: 0x41, frequency_hz: 60, oscillator_hz: 26000000, output_drive: open-drain }
+          channels:
+            - { channel: 0, output: 0 }
+            - { channel: 200, output: 1:0, role: esc }
+            - { channel: 7, output: "1:15" }
+        switches:
+          - { switch: 0, output: "1:3" }
+          - { switch: 1, output: 3 }
+        """, path: "t.yaml")
+        let servo = try #require(board.servo)
+        #expect(servo.chips == [
+            PCA9685Chip(bus: "main", address: I2CAddress(0x40)!, frequency: Hertz(50), oscillator: Hertz(25_000_000), totemPole: true),
+            PCA9685Chip(bus: "main", address: I2CAddress(0x41)!, frequency: Hertz(60), oscillator: Hertz(26_000_000), totemPole: false),
+        ])
+        #expect(servo.channels.map { [$0.channel, $0.chip, $0.output] } == [[0, 0, 0], [7, 1, 15], [200, 1, 0]])
+        #expect(board.switches.map(\.output) == [.pca9685(chip: 1, output: 3), .pca9685(chip: 0, output: 3)])
+
+        let bad = problems(minimal + """
+
+        servo:
+          address: 0x40
+          chips:
+            - { address: 0x41 }
+            - { address: 0x41 }
+            - { address: 0x70 }
+          channels:
+            - { channel: 0, output: "3:0" }
+            - { channel: 1, output: "1:16" }
+            - { channel: 2, output: "x:1" }
+            - { channel: 3, output: "1:4" }
+            - { channel: 4, output: "1:4" }
+        switches:
+          - { switch: 0, output: "1:4" }
+        """)
+        let found = bad.map { "\($0.line.map(String.init) ?? "-") \($0.field)" }
+        #expect(found == [
+            "6 servo.address", "9 servo.chips[1].address", "10 servo.chips[2].address",
+            "12 servo.channels[0].output", "13 servo.channels[1].output", "14 servo.channels[2].output",
+            "16 servo.channels[4].output", "18 switches[0].output",
+        ], "\(bad)")
+        #expect(bad.contains { $0.message.contains("All Call") })
+        #expect(problems(minimal + "\nservo:\n  chips: []\n  channels: []\n").contains { $0.field == "servo.chips" })
+    }
+
     @Test("switches: GPIO lines, chip outputs or emulated; clashes and bad entries are named with their line")
     func switches() throws {
         let board = try BoardFile.parse(minimal + """
@@ -81,7 +141,7 @@ struct BoardFileTests {
         #expect(board.switches == [
             SwitchConfiguration(index: 0, output: .gpio(chip: "gpiochip1", line: 5, lineName: nil, activeLow: true)),
             SwitchConfiguration(index: 1, output: .emulated),
-            SwitchConfiguration(index: 2, output: .pca9685(output: 12), safeOn: true),
+            SwitchConfiguration(index: 2, output: .pca9685(chip: 0, output: 12), safeOn: true),
         ])
         let bad = problems(minimal + """
 
@@ -214,8 +274,8 @@ struct BoardFileTests {
         transports:
           tcp: { listen: "[::1]:0" }
         """, path: "t.yaml")
-        #expect(board.servo?.address == I2CAddress(0x40))
-        #expect(board.servo?.oscillator.value == 26_500_000)
+        #expect(board.servo?.chips.first?.address == I2CAddress(0x40))
+        #expect(board.servo?.chips.first?.oscillator.value == 26_500_000)
         #expect(board.servo?.channels.first?.output == 9)
         #expect(board.tcp == TCPConfiguration(host: "::1", port: 0))
         #expect(TCPConfiguration(endpoint: "::1:80") == nil)

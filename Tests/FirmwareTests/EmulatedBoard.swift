@@ -29,12 +29,12 @@ final class EmulatedBoard: @unchecked Sendable {
         var logger = Logger(label: "test")
         logger.logLevel = .critical
         let arbiter = BusArbiter(bus: bus)
-        bus.attach(chip, at: servoConfiguration.address)
+        bus.attach(chip, at: servoConfiguration.chips[0].address)
         display = LCDBackpackEmulator(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows, pinMap: lcdConfiguration.pins)
         if attachDisplay { bus.attach(display, at: lcdConfiguration.address) }
         let driver = PCA9685(
             bus: arbiter.client(.servo),
-            configuration: PCA9685.Configuration(address: servoConfiguration.address, frequency: servoConfiguration.frequency, oscillator: servoConfiguration.oscillator, totemPole: true),
+            configuration: PCA9685.Configuration(servoConfiguration.chips[0]),
             logger: logger
         )
         servo = ServoPath(driver: driver, channels: servoConfiguration.channels, retryInterval: retryInterval, logger: logger)

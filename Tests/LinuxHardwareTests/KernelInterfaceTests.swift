@@ -86,19 +86,17 @@ struct I2CStubTests {
         #expect(try bus.transfer([.read(count: 1)], at: backpack) == [[0xA5]])
     }
 
-    @Test("an absent address is not acknowledged, after the retries, without taking long")
+    @Test("an absent address is not acknowledged, after the retries")
     func absent() throws {
         let bus = try LinuxI2CBus(path: KernelRig.i2cStub!, retries: 2, backoff: .milliseconds(1))
-        let start = ContinuousClock.now
         do {
-            try bus.write([0x00, 0x00], to: I2CAddress(0x41)!)
+            try bus.write([0x00, 0x00], to: I2CAddress(0x26)!)
             Issue.record("an absent address acknowledged")
         } catch let error as I2CError {
             #expect(error.kind == .noAcknowledge)
-            #expect(error.address == I2CAddress(0x41))
+            #expect(error.address == I2CAddress(0x26))
             #expect(error.context.contains("3 tries"))
         }
-        #expect(ContinuousClock.now - start < .seconds(2))
         // The bus still works for the device that is there.
         try bus.write([0x00, 0x20], to: pca9685)
     }

@@ -44,7 +44,7 @@ check r1 "board/raspberry-pi.yaml without its devices: clear refusal, exit statu
 # --- I2C: i2c-stub answers at the PCA9685's and the LCD backpack's addresses --
 BUS=""
 setup_i2c() {
-    modprobe i2c-stub chip_addr=0x40,0x27 || return 1
+    modprobe i2c-stub chip_addr=0x40,0x41,0x27 || return 1
     modprobe i2c-dev || return 1
     local dev
     # Found by name: QEMU's own SMBus controller may take i2c-0.
@@ -55,7 +55,7 @@ setup_i2c() {
     for _ in $(seq 50); do [ -c "/dev/i2c-$BUS" ] && return 0; sleep 0.1; done
     echo "/dev/i2c-$BUS did not appear"; return 1
 }
-check setup-i2c "i2c-stub (0x40, 0x27) and i2c-dev loaded, stub bus found by name" setup_i2c
+check setup-i2c "i2c-stub (0x40, 0x41, 0x27) and i2c-dev loaded, stub bus found by name" setup_i2c
 say "stub bus: i2c-$BUS"
 
 # Register helpers on the stub bus (SMBus byte data; prints 0xNN).
@@ -470,11 +470,49 @@ with open(sys.argv[2], "a") as log:
     kill "$listener" 2>/dev/null
 }
 
+# --- (f) two PCA9685s on the stub bus (issue 15): 0x40 and 0x41 -------------
+run_multichip_checks() {
+    local board=$work/board-two-chips.yaml before
+    # The VM board with the servo section replaced by two chips (board/hexapod.yaml's shape).
+    /usr/bin/python3 - "$work/board-vm.yaml" "$board" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+servo = """servo:
+  chips:
+    - { bus: stub, address: 0x40 }
+    - { bus: stub, address: 0x41 }
+  channels:
+    - { channel: 0, output: "0:0", role: servo }
+    - { channel: 17, output: "1:8", role: servo }
+"""
+text = re.sub(r"servo:\n(  .*\n)+", servo, text)
+text = re.sub(r"switches:\n(  .*\n)+", "", text)
+open(sys.argv[2], "w").write(text)
+PY
+    poke 0x41 0xfd 0x00; poke 0x41 0x28 0xee
+    if ! start_daemon "$board" "$OUT/daemon-two-chips.log" > "$work/why" 2>&1; then
+        fail f1 "daemon starts with two PCA9685s" "$(cat "$work/why")"; return
+    fi
+    check f1 "two chips: both initialised all off at start (0xFD = 0x10 at 0x40 and 0x41)" sh -c "[ \$((\$(i2cget -y $BUS 0x40 0xfd b))) -eq 16 ] && [ \$((\$(i2cget -y $BUS 0x41 0xfd b))) -eq 16 ]"
+    before=$(reg 0x40 0x08)
+    cli enable 17 on > /dev/null; cli servo 17 500 > /dev/null
+    # Channel 17 is the second chip's output 8: LED8_OFF at 0x06 + 4 × 8 + 2 = 0x28.
+    check f2 "channel 17 drives output 8 of the chip at 0x41 (LED8_OFF_L = 0x33)" wait_reg 0x41 0x28 0x33 30
+    check f3 "… and leaves the chip at 0x40 alone (LED0_OFF_L unchanged)" expect_reg 0x40 0x08 "$before"
+    "$CLI" doctor --board "$board" --socket "$SOCKET" > "$OUT/doctor-two-chips.txt" 2>&1
+    check f4 "doctor probes both chips" sh -c "grep -Eq '^ *OK +PCA9685 0x40' '$OUT/doctor-two-chips.txt' && grep -Eq '^ *OK +PCA9685 0x41' '$OUT/doctor-two-chips.txt'"
+    kill -KILL "$DPID"; wait "$DPID" 2>/dev/null; DPID=""
+    poke 0x40 0xfd 0x00; poke 0x41 0xfd 0x00
+    "$DAEMON" safe-outputs --board "$board" > "$work/safe.txt" 2>&1
+    check f5 "safe-outputs after kill -9 switches both chips off (0xFD = 0x10 at 0x40 and 0x41)" sh -c "[ \$((\$(i2cget -y $BUS 0x40 0xfd b))) -eq 16 ] && [ \$((\$(i2cget -y $BUS 0x41 0xfd b))) -eq 16 ] || cat '$work/safe.txt'"
+}
+
 if [ -n "$BUS" ] && [ -n "$CHIP" ]; then
     run_daemon_checks
     run_recovery_checks
     run_safety_checks
     run_clock_checks
+    run_multichip_checks
 else
     fail b "daemon checks" "not run: no stub bus or no gpio-sim chip"
 fi

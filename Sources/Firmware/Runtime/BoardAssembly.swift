@@ -11,7 +11,11 @@ import Logging
 public struct BoardEmulators: @unchecked Sendable {
     // The emulators are thread-safe themselves; this is a bag of references.
     public var buses: [String: EmulatedI2CBus] = [:]
+    /// The emulated PCA9685s, in servo.chips order (the chips on emulated
+    /// buses; a simulator board has all of them there).
     public var pca9685: [PCA9685Emulator] = []
+    /// servo.chips index → position in ``pca9685``.
+    var pca9685ByChip: [Int: Int] = [:]
     public var lcd: LCDBackpackEmulator?
     public var led: EmulatedDigitalOutput?
     /// Emulated switch lines by switch index.
@@ -34,8 +38,8 @@ struct EmulatorObserver: OutputObserver {
     let emulators: BoardEmulators
 
     func output(chip: Int, output: Int) -> (pulse: Double, duty: Double)? {
-        guard emulators.pca9685.indices.contains(chip) else { return nil }
-        let produced = emulators.pca9685[chip].output(channel: output)
+        guard let position = emulators.pca9685ByChip[chip] else { return nil }
+        let produced = emulators.pca9685[position].output(channel: output)
         return (produced.pulseWidth.value, produced.duty)
     }
 
@@ -77,10 +81,12 @@ public enum BoardBuses {
                 }
             }
         }
-        if let servo = configuration.servo, let emulated = emulators.buses[servo.bus] {
-            let chip = PCA9685Emulator(oscillator: servo.oscillator)
-            emulated.attach(chip, at: servo.address)
-            emulators.pca9685.append(chip)
+        for (index, chip) in (configuration.servo?.chips ?? []).enumerated() {
+            guard let emulated = emulators.buses[chip.bus] else { continue }
+            let emulator = PCA9685Emulator(oscillator: chip.oscillator)
+            emulated.attach(emulator, at: chip.address)
+            emulators.pca9685ByChip[index] = emulators.pca9685.count
+            emulators.pca9685.append(emulator)
         }
         if let lcd = configuration.lcd, let emulated = emulators.buses[lcd.bus] {
             let display = LCDBackpackEmulator(columns: lcd.columns, rows: lcd.rows, pinMap: lcd.pins)
@@ -97,15 +103,35 @@ public enum BoardBuses {
     /// when the daemon that held the lock is gone (or hung), and an all-off
     /// write is safe whatever state the chip is in. Returns what it did.
     public static func safeOutputs(_ configuration: BoardConfiguration, logger: Logger) throws -> String {
-        guard let servo = configuration.servo, let kind = configuration.buses[servo.bus]?.kind else {
-            return "no servo controller on this board: nothing to switch off"
-        }
-        if kind == .emulated { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
+        guard let servo = configuration.servo else { return "no servo controller on this board: nothing to switch off" }
+        let chips = servo.chips.filter { configuration.buses[$0.bus]?.kind != .emulated }
+        if chips.isEmpty { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
         let (buses, _) = try open(configuration, logger: logger)
-        guard let bus = buses[servo.bus] else { return "no bus \(servo.bus)" }
-        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(address: servo.address, frequency: servo.frequency, oscillator: servo.oscillator, totemPole: servo.totemPole), logger: logger)
-        try driver.allOff()
-        return "PCA9685 \(servo.address) on \(servo.bus): every output off"
+        // Every chip gets its write even when one fails: one dead chip must
+        // not leave another one's ESC running.
+        var done: [String] = []
+        var failed: [String] = []
+        for chip in chips {
+            guard let bus = buses[chip.bus] else { failed.append("\(chip): no bus \(chip.bus)"); continue }
+            let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(chip), logger: logger)
+            do {
+                try driver.allOff()
+                done.append("\(chip)")
+            } catch {
+                failed.append("\(chip): \(error)")
+            }
+        }
+        guard failed.isEmpty else {
+            throw SetupError(description: (failed + done.map { "\($0): every output off" }).joined(separator: "; "))
+        }
+        return done.map { "\($0): every output off" }.joined(separator: "\n")
+    }
+}
+
+extension PCA9685.Configuration {
+    /// The driver settings of a board file's chip.
+    public init(_ chip: PCA9685Chip) {
+        self.init(address: chip.address, frequency: chip.frequency, oscillator: chip.oscillator, totemPole: chip.totemPole)
     }
 }
 
@@ -117,8 +143,10 @@ struct BoardAssembly {
     let emulators: BoardEmulators
     let observer: (any OutputObserver)?
     let servo: ServoPath?
-    let servoArbiter: BusArbiter?
-    let servoFrequency: Hertz
+    /// The arbiters of the buses the PCA9685s are on.
+    let servoArbiters: [BusArbiter]
+    /// Each chip's frequency as programmed (prescale rounding, §7.3.5).
+    let servoFrequencies: [Hertz]
     let lcd: LCDService?
     let led: StatusLED?
     let switches: SwitchBank?
@@ -130,18 +158,20 @@ struct BoardAssembly {
         var arbiters: [String: BusArbiter] = [:]
         for (name, bus) in buses { arbiters[name] = BusArbiter(bus: bus) }
 
-        if let servoConfiguration = configuration.servo, let arbiter = arbiters[servoConfiguration.bus] {
-            let driver = PCA9685(
-                bus: arbiter.client(.servo),
-                configuration: PCA9685.Configuration(
-                    address: servoConfiguration.address, frequency: servoConfiguration.frequency,
-                    oscillator: servoConfiguration.oscillator, totemPole: servoConfiguration.totemPole
-                ),
-                logger: logger
-            )
-            servoFrequency = driver.actualFrequency
+        if let servoConfiguration = configuration.servo {
+            // One driver per chip, each on its bus's arbiter: a flush writes
+            // each touched chip in its own transactions.
+            var drivers: [PCA9685] = []
+            for chip in servoConfiguration.chips {
+                guard let arbiter = arbiters[chip.bus] else { throw BoardBuses.SetupError(description: "\(chip): no bus \(chip.bus)") }
+                drivers.append(PCA9685(bus: arbiter.client(.servo), configuration: PCA9685.Configuration(chip), logger: logger))
+            }
+            servoFrequencies = drivers.map(\.actualFrequency)
             var timing = ServoPath.Timing()
-            timing.period = .microseconds(Int64(1_000_000 / servoFrequency.value))
+            // Flushes are paced to the fastest chip's period: a slower chip
+            // just shows the newest value from its own next period.
+            let fastest = servoFrequencies.map(\.value).max() ?? 50
+            timing.period = .microseconds(Int64(1_000_000 / fastest))
             timing.faultFailsafeAfter = configuration.faultTimeout
             timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
             // The watchdog is fed from the servo thread, so a stalled servo
@@ -149,15 +179,16 @@ struct BoardAssembly {
             // servo thread sleeps until there is work.
             timing.heartbeat = watchdogInterval.map { $0 / 2 }
             servo = ServoPath(
-                driver: driver, channels: servoConfiguration.channels, timing: timing,
+                drivers: drivers, channels: servoConfiguration.channels, timing: timing,
                 realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,
                 logger: logger
             )
-            servoArbiter = arbiter
+            var seen = Set<String>()
+            servoArbiters = servoConfiguration.chips.compactMap { chip in seen.insert(chip.bus).inserted ? arbiters[chip.bus] : nil }
         } else {
-            servoFrequency = Hertz(50)
+            servoFrequencies = []
             servo = nil
-            servoArbiter = nil
+            servoArbiters = []
         }
 
         if let lcdConfiguration = configuration.lcd, let arbiter = arbiters[lcdConfiguration.bus] {
@@ -199,9 +230,9 @@ struct BoardAssembly {
                 } catch {
                     throw BoardBuses.SetupError(description: "switch \(item.index): \(error)")
                 }
-            case .pca9685(let output):
+            case .pca9685(let chip, let output):
                 guard let servo else { throw BoardBuses.SetupError(description: "switch \(item.index): no PCA9685 on this board") }
-                switchDrivers.append((item, .chip(servo, chip: 0, output: output)))
+                switchDrivers.append((item, .chip(servo, chip: chip, output: output)))
             }
         }
         switches = switchDrivers.isEmpty ? nil : SwitchBank(switchDrivers, logger: logger)

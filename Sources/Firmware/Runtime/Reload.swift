@@ -49,7 +49,7 @@ extension BoardRuntime {
         var restartOnly: [String] = []
         if new.name != old.name { restartOnly.append("name") }
         if new.buses != old.buses { restartOnly.append("buses") }
-        if new.servo.map(Self.chipSettings) != old.servo.map(Self.chipSettings) { restartOnly.append("servo (bus, address, frequency, oscillator, output drive)") }
+        if new.servo?.chips != old.servo?.chips { restartOnly.append("servo chips (bus, address, frequency, oscillator, output drive)") }
         if new.lcd != old.lcd { restartOnly.append("lcd") }
         if new.led != old.led { restartOnly.append("led") }
         if new.controlSocketPath != old.controlSocketPath { restartOnly.append("control.socket") }
@@ -117,9 +117,5 @@ extension BoardRuntime {
                 loop.execute { [self] in transportState.ble = configuration.ble.enabled ? nil : "disabled in the board file" }
             }
         }
-    }
-
-    private static func chipSettings(_ servo: ServoConfiguration) -> [String] {
-        [servo.bus, "\(servo.address)", "\(servo.frequency.value)", "\(servo.oscillator.value)", "\(servo.totemPole)"]
     }
 }

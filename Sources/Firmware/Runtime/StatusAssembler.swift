@@ -32,7 +32,7 @@ struct StatusAssembler {
                 }
                 let produced = Self.produced(state, parts: parts)
                 channels.append(StatusReport.Channel(
-                    channel: channel.channel, output: channel.output, chip: nil, role: "\(channel.role)",
+                    channel: channel.channel, output: channel.output, chip: parts.servoFrequencies.count > 1 ? "\(channel.chip)" : nil, role: "\(channel.role)",
                     enabled: state.enabled, command: command, value: value,
                     pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
                     latched: state.latched
@@ -40,7 +40,7 @@ struct StatusAssembler {
             }
             let metrics = snapshot.metrics
             servoStatus = StatusReport.Servo(
-                online: snapshot.online, error: snapshot.lastError, frequencyHz: (parts.servoFrequency.value * 100).rounded() / 100,
+                online: snapshot.online, error: snapshot.lastError, frequencyHz: ((parts.servoFrequencies.first?.value ?? 0) * 100).rounded() / 100,
                 updates: metrics.updates, coalesced: metrics.coalesced, flushes: metrics.flushes,
                 busWrites: metrics.busTransactions, failedFlushes: metrics.failedFlushes,
                 latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
@@ -49,8 +49,8 @@ struct StatusAssembler {
                 failsafeSeconds: snapshot.failsafe.map { ($0.since.duration(to: now).inSeconds * 10).rounded() / 10 },
                 failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { ($0.inSeconds * 10_000).rounded() / 10 },
                 failsafes: metrics.failsafes, scheduling: snapshot.scheduling,
-                maxLcdChunksWaited: parts.servoArbiter?.statistics.maxDisplayTransactionsWaited ?? 0,
-                maxBusWaitUs: parts.servoArbiter?.statistics.maxServoWaitMicroseconds ?? 0
+                maxLcdChunksWaited: parts.servoArbiters.map(\.statistics.maxDisplayTransactionsWaited).max() ?? 0,
+                maxBusWaitUs: parts.servoArbiters.map(\.statistics.maxServoWaitMicroseconds).max() ?? 0
             )
         }
         var lcdStatus: StatusReport.LCD?
@@ -111,7 +111,8 @@ struct StatusAssembler {
         let channel = state.configuration
         if let observed = parts.observer?.output(chip: channel.chip, output: channel.output) { return observed }
         guard state.enabled, let output = state.output else { return (0, 0) }
-        let period = 1_000_000 / parts.servoFrequency.value
+        let frequency = parts.servoFrequencies.indices.contains(channel.chip) ? parts.servoFrequencies[channel.chip].value : 50
+        let period = 1_000_000 / frequency
         switch output {
         case .pulse(let width): return (width.value, width.value / period)
         case .duty(let duty): return (duty * period, duty)
