@@ -96,9 +96,17 @@ let package = Package(
             "Arguments", "Board", "Control", "Firmware", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        // The CLI: the protocol, the control client and the doctor; not the daemon.
+        // The CLI: the protocol, the control client, the BLE central and the
+        // doctor; not the daemon.
         .executableTarget(name: "blecontrol", dependencies: [
-            "Arguments", "BLEControlProtocol", "Control", "Doctor", "Reactor",
+            "Arguments", "BLEControlProtocol", "Central", "Control", "Doctor", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // The BLEControl central: bluetoothd's client over D-Bus (scan,
+        // connect, write FFE1, notifications), for `blecontrol --ble`.
+        .target(name: "Central", dependencies: [
+            "DBus", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
         ]),
         // The diagnosis behind `blecontrol doctor` (the CLI's, not the daemon's).
         .target(name: "Doctor", dependencies: [

@@ -10,7 +10,7 @@ import Glibc
 /// malformed.
 public struct Command {
     /// A `--name VALUE` option.
-    public struct Option {
+    public struct Option: Sendable {
         public var name: String
         public var value: String
         public var help: String
@@ -24,7 +24,7 @@ public struct Command {
     }
 
     /// A `--name` flag.
-    public struct Flag {
+    public struct Flag: Sendable {
         public var name: String
         public var help: String
         public init(_ name: String, help: String) {
@@ -34,7 +34,7 @@ public struct Command {
     }
 
     /// A positional argument; `variadic` takes the rest.
-    public struct Positional {
+    public struct Positional: Sendable {
         public var name: String
         public var help: String
         public var optional: Bool

@@ -138,18 +138,28 @@ struct YAML {
         return next >= bytes.count || bytes[next] == UInt8(ascii: " ") || bytes[next] == UInt8(ascii: "\n") || bytes[next] == UInt8(ascii: "\r")
     }
 
-    private mutating func blockSequence(indent: Int, depth: Int, from first: Int) throws(SyntaxError) -> Node {
-        let firstLine = row + 1
-        var items: [Node] = []
-        var firstStart: Int? = first
+    /// The next row with content from `row` on (blank and comment rows are
+    /// skipped): where its content starts and at which column. The first
+    /// item of a compact collection (after a list dash) starts at `pending`
+    /// instead, at the collection's `indent`. Nil at the end of the text.
+    private mutating func nextContent(_ pending: inout Int?, indent: Int) throws(SyntaxError) -> (start: Int, column: Int)? {
         while row < rowCount {
             guard let (lineColumn, lineStart) = try content(row) else {
                 row += 1
                 continue
             }
-            let start = firstStart ?? lineStart
-            let column = firstStart == nil ? lineColumn : indent
-            firstStart = nil
+            defer { pending = nil }
+            if let pending { return (pending, indent) }
+            return (lineStart, lineColumn)
+        }
+        return nil
+    }
+
+    private mutating func blockSequence(indent: Int, depth: Int, from first: Int) throws(SyntaxError) -> Node {
+        let firstLine = row + 1
+        var items: [Node] = []
+        var firstStart: Int? = first
+        while let (start, column) = try nextContent(&firstStart, indent: indent) {
             if column < indent { break }
             guard column == indent, isSequenceDash(at: start) else {
                 if column == indent { break }
@@ -191,14 +201,7 @@ struct YAML {
         var entries: [(key: Node, value: Node)] = []
         // The first key of a compact mapping in a list item sits after the dash.
         var firstStart: Int? = first
-        while row < rowCount {
-            guard let (lineColumn, lineStart) = try content(row) else {
-                row += 1
-                continue
-            }
-            let start = firstStart ?? lineStart
-            let column = firstStart == nil ? lineColumn : indent
-            firstStart = nil
+        while let (start, column) = try nextContent(&firstStart, indent: indent) {
             if column < indent { break }
             if column > indent {
                 throw SyntaxError(line: row + 1, message: "bad indentation (keys of this mapping start at column \(indent + 1))")

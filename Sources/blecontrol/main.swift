@@ -7,7 +7,7 @@ import Control
 import Reactor
 
 /// `blecontrol`: drive and inspect a running `blecontrold`.
-let socketOption = Command.Option("socket", value: "PATH", help: "The daemon's control socket.")
+let socketOption = CLICommand.Option("socket", value: "PATH", help: "The daemon's control socket.")
 
 /// The control client for `--socket` (or the default path).
 func connect(_ arguments: Parsed) throws -> ControlClient {
@@ -18,8 +18,8 @@ func connect(_ arguments: Parsed) throws -> ControlClient {
     }
 }
 
-/// Sends frames and reports any ERROR reply; exit status 1 when the board
-/// refused a frame.
+/// Sends frames through the control socket and reports any ERROR reply;
+/// exit status 1 when the board refused a frame.
 func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
     let replies: [UInt8]
     do {
@@ -29,50 +29,13 @@ func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
     } catch {
         throw ExitFailure("\(error)")
     }
-    var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
-    var refused = false
-    decoder.decode(replies, at: .now) { event in
-        switch event {
-        case .message(.error(let command)):
-            refused = true
-            print("board replied ERROR for command \(command) (\(ControlProtocol.hex(FrameEncoder.encode(.error(command: command)))))")
-        case .message(let message):
-            print("board sent \(message)")
-        case .error(let error):
-            print("board sent an undecodable reply: \(error)")
-        case .provisional:
-            break
-        }
-    }
-    if refused { throw ExitFailure.silent(1) }
+    if FrameCommands.report(replies: replies) { throw ExitFailure.silent(1) }
 }
 
-func number<T: FixedWidthInteger>(_ text: String, _ name: String, _ type: T.Type) throws -> T {
-    guard let value = T(text) else { throw UsageError("<\(name)> must be a whole number \(T.min)…\(T.max), got \(text)") }
-    return value
-}
-
-/// on/off, 1/0, true/false, yes/no.
-func onOff(_ text: String, _ name: String) throws -> Bool {
-    switch text.lowercased() {
-    case "on", "1", "true", "yes": return true
-    case "off", "0", "false", "no": return false
-    default: throw UsageError("<\(name)> must be on or off (or 1/0, true/false), got \(text)")
-    }
-}
-
-/// A PWM or servo value: 0…65535, or a negative Int16 sent as the original
-/// app does (two's complement: -500 is FE 0C).
-func wireValue(_ text: String) throws -> UInt16 {
-    if let value = UInt16(text) { return value }
-    if let negative = Int16(text) { return UInt16(bitPattern: negative) }
-    throw UsageError("<value> must be -32768…65535, got \(text)")
-}
-
-let channelArgument = Command.Positional("channel", help: "Channel 0…255.")
+let channelArgument = CLICommand.Positional("channel", help: "Channel 0…255.")
 
 let status = Command("status", abstract: "Show outputs, display, LED, sessions and counters.",
-                     options: [socketOption], flags: [Command.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
+                     options: [socketOption], flags: [CLICommand.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
     let report: StatusReport
     do {
         report = try connect(arguments).status()
@@ -88,69 +51,36 @@ let status = Command("status", abstract: "Show outputs, display, LED, sessions a
     }
 }
 
-let servo = Command("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH.", options: [socketOption],
-                    positionals: [channelArgument, Command.Positional("value", help: "0…65535 (0…1000 is the 1000…2000 µs servo range).")]) { arguments in
-    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
-    try sendFrames(FrameEncoder.encode(.servo(channel: channel, value: try wireValue(arguments.positionals[1]))), arguments)
-}
-
-let pwm = Command("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH.", options: [socketOption],
-                  positionals: [channelArgument, Command.Positional("value", help: "0…1000 (per mille); negative values go as the app's Int16.")]) { arguments in
-    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
-    try sendFrames(FrameEncoder.encode(.pwm(channel: channel, value: try wireValue(arguments.positionals[1]))), arguments)
-}
-
-let enable = Command("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", options: [socketOption],
-                     positionals: [channelArgument, Command.Positional("state", help: "on or off (1/0, true/false).")]) { arguments in
-    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
-    try sendFrames(FrameEncoder.encode(.enable(channel: channel, on: try onOff(arguments.positionals[1], "state"))), arguments)
-}
-
-let switchCommand = Command("switch", abstract: "SWITCH_VAL: a digital output on or off.", options: [socketOption],
-                            positionals: [Command.Positional("switch", help: "Switch 0…255."), Command.Positional("state", help: "on or off (1/0, true/false).")]) { arguments in
-    let index = try number(arguments.positionals[0], "switch", UInt8.self)
-    try sendFrames(FrameEncoder.encode(.switchValue(index: index, on: try onOff(arguments.positionals[1], "state"))), arguments)
-}
-
-let lcd = Command("lcd", abstract: "LCD_TEXT: show TEXT on LINE.", options: [socketOption],
-                  positionals: [Command.Positional("line", help: "Line 0…255 (0 is the top line)."),
-                                Command.Positional("text", help: "Text (UTF-8; cut at the display width by the board).")]) { arguments in
-    let line = try number(arguments.positionals[0], "line", UInt8.self)
-    let text = arguments.positionals[1]
-    guard text.utf8.count <= Message.maximumTextLength else {
-        throw UsageError("the text is \(text.utf8.count) bytes; a frame carries at most \(Message.maximumTextLength)")
+/// A frame-sending command: its frames come from FrameCommands, and go
+/// through the control socket or, with --ble, over the air.
+func frameCommand(_ name: String, abstract: String, discussion: String = "", positionals: [CLICommand.Positional]) -> CLICommand {
+    CLICommand(name, abstract: abstract, discussion: discussion, options: deliveryOptions, flags: deliveryFlags, positionals: positionals) { arguments in
+        try deliver(try FrameCommands.outgoing(name, arguments.positionals), arguments)
     }
-    try sendFrames(FrameEncoder.encode(.lcdText(line: line, text: Array(text.utf8))), arguments)
 }
 
-let clear = Command("clear", abstract: "LCD_CLEAR: blank the display.", options: [socketOption]) { arguments in
-    try sendFrames(FrameEncoder.encode(.lcdClear), arguments)
-}
-
-let initCommand = Command("init", abstract: "INIT: the handshake a central sends after connecting.", options: [socketOption]) { arguments in
-    try sendFrames(FrameEncoder.encode(.initialize), arguments)
-}
-
-let send = Command("send", abstract: "Send raw bytes, e.g. `send 02 03 00 01 f4` or `send 020300:01f4`.",
-                   discussion: "The bytes must end on a frame boundary: a trailing incomplete frame is refused (exit status 1) and nothing is sent.",
-                   options: [socketOption], positionals: [Command.Positional("hex", help: "Hex bytes; spaces, colons and 0x prefixes are ignored.", variadic: true)]) { arguments in
-    let text = arguments.positionals.joined(separator: " ")
-    guard !arguments.positionals.isEmpty, let bytes = ControlProtocol.bytes(fromHex: text), !bytes.isEmpty else {
-        throw UsageError("not hex bytes: \(text)")
-    }
-    var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
-    decoder.decode(bytes, at: .now) { _ in }
-    if decoder.hasPartialFrame {
-        let pending = decoder.bufferedByteCount
-        throw ExitFailure("the last \(pending) byte\(pending == 1 ? "" : "s") (\(ControlProtocol.hex(bytes.suffix(pending)))) are an incomplete frame; nothing was sent")
-    }
-    try sendFrames(bytes, arguments)
-}
+let onOffArgument = CLICommand.Positional("state", help: "on or off (1/0, true/false).")
+let frameCommands = [
+    frameCommand("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH.",
+                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…65535 (0…1000 is the 1000…2000 µs servo range).")]),
+    frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH.",
+                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000 (per mille); negative values go as the app's Int16.")]),
+    frameCommand("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", positionals: [channelArgument, onOffArgument]),
+    frameCommand("switch", abstract: "SWITCH_VAL: a digital output on or off.", positionals: [CLICommand.Positional("switch", help: "Switch 0…255."), onOffArgument]),
+    frameCommand("lcd", abstract: "LCD_TEXT: show TEXT on LINE.",
+                 positionals: [CLICommand.Positional("line", help: "Line 0…255 (0 is the top line)."),
+                               CLICommand.Positional("text", help: "Text (UTF-8; cut at the display width by the board).")]),
+    frameCommand("clear", abstract: "LCD_CLEAR: blank the display.", positionals: []),
+    frameCommand("init", abstract: "INIT: the handshake a central sends after connecting.", positionals: []),
+    frameCommand("send", abstract: "Send raw bytes, e.g. `send 02 03 00 01 f4` or `send 020300:01f4`.",
+                 discussion: "The bytes must end on a frame boundary: a trailing incomplete frame is refused (exit status 1) and nothing is sent.",
+                 positionals: [CLICommand.Positional("hex", help: "Hex bytes; spaces, colons and 0x prefixes are ignored.", variadic: true)]),
+]
 
 let watch = Command("watch", abstract: "A live view of the LCD text and every channel's pulse (Ctrl-C ends).",
                     options: [socketOption,
-                              Command.Option("interval", value: "MS", help: "Refresh interval in milliseconds (default 200)."),
-                              Command.Option("count", value: "N", help: "Stop after this many refreshes (default 0: run until interrupted).")]) { arguments in
+                              CLICommand.Option("interval", value: "MS", help: "Refresh interval in milliseconds (default 200)."),
+                              CLICommand.Option("count", value: "N", help: "Stop after this many refreshes (default 0: run until interrupted).")]) { arguments in
     let interval = try arguments.integer("interval", in: 20...60_000, default: 200)
     let count = try arguments.integer("count", in: 0...Int.max, default: 0)
     let client = try connect(arguments)
@@ -179,7 +109,8 @@ Command(
     discussion: """
     Frames go through the daemon's control socket as one session, exactly as a central's would: the same dispatcher, \
     the same ERROR replies. The socket is --socket, else $BLECONTROL_SOCKET, else /run/blecontrol/control.sock if it \
-    exists, else the simulator's /tmp/blecontrol-simulator.sock.
+    exists, else the simulator's /tmp/blecontrol-simulator.sock. With --ble NAME|ADDRESS the frames go over the air \
+    instead, through bluetoothd, to any board in range (`blecontrol scan` lists them).
     """,
-    subcommands: [status, servo, pwm, enable, switchCommand, lcd, clear, initCommand, send, watch, doctorCommand()]
+    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), watch, webCommand(), doctorCommand()]
 ).main(version: BLEControlVersion.string)

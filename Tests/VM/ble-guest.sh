@@ -133,14 +133,49 @@ grep -qE '^(PASS|FAIL) ' "$work/central.out" || fail ble-central-done "central p
 
 # The daemon may have been restarted by the central (not our child then).
 daemon=$(cat "$DAEMON_PIDFILE")
-[ "$daemon" = 0 ] && exit 0   # the peer phase stopped it (and checked v19)
 running() { [ -e "/proc/$1" ] && ! grep -q '^[0-9]* ([^)]*) [ZX]' "/proc/$1/stat" 2>/dev/null; }
-if running "$daemon"; then
+if [ "$daemon" = 0 ]; then
+    :   # the peer phase stopped it (and checked v19)
+elif running "$daemon"; then
     kill -TERM "$daemon"
     for _ in $(seq 100); do running "$daemon" || break; sleep 0.1; done
     if running "$daemon"; then fail v19 "daemon stops on SIGTERM" "still running after 10 s"; pids+=("$daemon")
     else pass v19 "daemon stops on SIGTERM within 10 s after the BLE scenario"; fi
 else
     fail v19 "daemon survived the BLE scenario" "$(tail -3 "$OUT"/daemon-ble*.log | tr '\n' ' ')"
+fi
+
+# --- blecontrol as the central (issue 15): both adapters under bluetoothd -------
+# Bumble has let go of hci1, so the kernel hands it to bluetoothd: the board
+# advertises on hci0, `blecontrol --ble` connects from hci1, one bluetoothd
+# between them (cli_central.py: scan, a session, a single command).
+has_adapter() { dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null | grep -q "/org/bluez/$1\""; }
+for _ in $(seq 300); do has_adapter hci1 && break; sleep 0.1; done
+if has_adapter hci1; then
+    dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci1 org.freedesktop.DBus.Properties.Set \
+        string:org.bluez.Adapter1 string:Powered variant:boolean:true > /dev/null 2>&1
+    board_address=$(dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.freedesktop.DBus.Properties.Get \
+        string:org.bluez.Adapter1 string:Address 2>/dev/null | sed -n 's/.*string "\(.*\)".*/\1/p')
+    "$DAEMON" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-cli.log" 2>&1 &
+    cli_daemon=$!
+    pids+=($cli_daemon)
+    for _ in $(seq 300); do "$CLI" status --socket "$SOCKET" --json 2>/dev/null | grep -q '"ble": "advertising' && break; sleep 0.1; done
+    for phase in scan session single; do
+        BLECONTROL_BIN=$CLI BLE_CENTRAL_ADAPTER=hci1 /usr/bin/python3 "$REPO/Tests/BLE/cli_central.py" "$phase" BLEControl-Sim "$board_address" "$SOCKET" \
+            > "$work/cli-$phase.out" 2> "$OUT/cli-$phase.log"
+        n=0
+        while read -r line; do
+            n=$((n + 1))
+            case "$line" in
+                PASS:*) pass "c-$phase$n" "blecontrol --ble (bluetoothd): ${line#PASS: }" ;;
+                FAIL:*) fail "c-$phase$n" "blecontrol --ble (bluetoothd): ${line#FAIL: }" ;;
+                FIGURE:*) record "FIGURE blecontrol --ble (bluetoothd): ${line#FIGURE: }" ;;
+            esac
+        done < "$work/cli-$phase.out"
+        grep -qE '^(PASS|FAIL)' "$work/cli-$phase.out" || fail "c-$phase" "cli_central.py $phase printed nothing" "$(tail -3 "$OUT/cli-$phase.log" | tr '\n' ' ')"
+    done
+    kill -TERM "$cli_daemon" 2>/dev/null; wait "$cli_daemon" 2>/dev/null
+else
+    fail c-setup "bluetoothd takes hci1 once Bumble lets go" "adapters: $(dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null | grep -o '/org/bluez/hci[0-9]*"' | sort -u | tr '\n' ' ')"
 fi
 exit 0

@@ -1,0 +1,217 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Arguments
+import BLEControlProtocol
+import Central
+import Control
+import Logging
+import Reactor
+
+let bleOption = CLICommand.Option("ble", value: "NAME|ADDRESS", help: "Send over the air to this board (its advertised name or address) through bluetoothd, as the original app would, instead of the control socket.")
+let adapterOption = CLICommand.Option("adapter", value: "hciN", help: "With --ble or scan: the Bluetooth adapter to use (default: bluetoothd's first).")
+let waitOption = CLICommand.Option("wait", value: "MS", help: "With --ble: how long to listen for ERROR notifications after the last write (default 300).")
+let syncFlag = CLICommand.Flag("sync", help: "With --ble: end with a frame the board always answers (FF 01 00: ERROR 255 comes back), so every reply before it has arrived; the board counts it as an error.")
+let timeoutOption = CLICommand.Option("timeout", value: "S", help: "With --ble: how long to look for the board before giving up (default 20).")
+let verboseFlag = CLICommand.Flag("verbose", help: "With --ble: say on stderr how long finding and connecting took.")
+
+/// The options every frame-sending command takes.
+let deliveryOptions = [socketOption, bleOption, adapterOption, timeoutOption, waitOption]
+let deliveryFlags = [syncFlag, verboseFlag]
+
+/// Sends `outgoing` through the control socket, or over BLE with `--ble`;
+/// exit status 1 when the board refused a frame.
+func deliver(_ outgoing: Outgoing, _ arguments: Parsed) throws {
+    guard arguments.option("ble") != nil else { return try sendFrames(outgoing.bytes, arguments) }
+    let session = try BLESession(arguments)
+    defer { session.close() }
+    try session.send(outgoing)
+    try session.finish(arguments)
+    if session.refused { throw ExitFailure.silent(1) }
+}
+
+/// One BLE connection to a board for the lifetime of a command: the
+/// writes, and the ERROR notifications printed as they come.
+final class BLESession: @unchecked Sendable {
+    /// The frame that always draws an answer: ERROR from a central, which
+    /// the board refuses with ERROR 255 (docs/protocol.md, "ERROR").
+    static let marker: [UInt8] = [0xFF, 0x01, 0x00]
+
+    private let central: BLECentral
+    private let link: BoardLink
+    private let condition = Condition()
+    private var replies: [UInt8] = []
+    private var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
+    private var markersAnswered = 0
+    private var markersSent = 0
+    /// An ERROR came back for one of our frames.
+    private(set) var refused = false
+
+    init(_ arguments: Parsed) throws {
+        guard let target = arguments.option("ble") else { throw UsageError("--ble NAME|ADDRESS is required") }
+        var logger = Logger(label: "blecontrol")
+        logger.logLevel = .critical
+        let started = ContinuousClock.now
+        do {
+            central = try BLECentral(adapter: arguments.option("adapter"), logger: logger)
+            let board = try central.find(target, timeout: .seconds(try arguments.integer("timeout", in: 1...600, default: 20)))
+            let found = ContinuousClock.now
+            let box = WeakBox<BLESession>()
+            link = try central.connect(board, timeout: .seconds(30)) { bytes in box.value?.received(bytes) }
+            box.value = self
+            if arguments.flag("verbose") {
+                printError("blecontrol: found \(board.name) (\(board.address)) in \(Self.ms(started.duration(to: found))), connected and subscribed in \(Self.ms(found.duration(to: .now)))")
+            }
+        } catch let error as CentralError {
+            throw ExitFailure("\(error)")
+        }
+    }
+
+    private static func ms(_ duration: Duration) -> String { "\((duration.inSeconds * 1000).fixed(0)) ms" }
+
+    func close() {
+        link.close()
+        central.close()
+    }
+
+    func send(_ outgoing: Outgoing) throws {
+        do {
+            try link.write(outgoing.bytes, withResponse: outgoing.withResponse)
+        } catch {
+            throw ExitFailure("\(error)")
+        }
+    }
+
+    /// Waits until the board has answered everything written so far: the
+    /// marker's reply comes after every earlier reply on this connection.
+    func sync() throws {
+        let wanted = condition.withLock { () -> Int in
+            markersSent += 1
+            return markersSent
+        }
+        try send(Outgoing(bytes: Self.marker, withResponse: true))
+        // A bound on a board that stopped answering, not a measurement.
+        let deadline = ContinuousClock.now + .seconds(30)
+        let answered = condition.withLock { () -> Bool in
+            while markersAnswered < wanted {
+                guard condition.wait(until: deadline) else { return markersAnswered >= wanted }
+            }
+            return true
+        }
+        if !answered { throw ExitFailure("the board did not answer within 30 s (still connected?)") }
+    }
+
+    /// After the last write: `--sync` waits for the board's answer to
+    /// everything; otherwise ERROR notifications are listened for `--wait`
+    /// milliseconds.
+    func finish(_ arguments: Parsed) throws {
+        if arguments.flag("sync") { return try sync() }
+        let wait = try arguments.integer("wait", in: 0...600_000, default: 300)
+        sleepThread(.milliseconds(wait))
+    }
+
+    /// A notification from FFE1 (on the D-Bus thread).
+    private func received(_ bytes: [UInt8]) {
+        condition.withLock {
+            decoder.decode(bytes, at: .now) { event in
+                guard case .message(let message) = event else { return }
+                if message == .error(command: Self.marker[0]) {
+                    markersAnswered += 1
+                } else {
+                    refused = refused || FrameCommands.report(replies: FrameEncoder.encode(message))
+                    fflush(nil)
+                }
+            }
+            condition.broadcast()
+        }
+    }
+}
+
+/// A reference that does not keep its object alive (the notification
+/// handler is made before the session that owns it exists).
+final class WeakBox<Value: AnyObject>: @unchecked Sendable {
+    weak var value: Value?
+}
+
+/// `blecontrol scan`.
+func scanCommand() -> CLICommand { Command(
+    "scan", abstract: "List the boards in range advertising the BLEControl service (FFE0): name, address, signal.",
+    options: [adapterOption, CLICommand.Option("seconds", value: "S", help: "How long to listen (default 5).")]
+) { arguments in
+    let seconds = try arguments.integer("seconds", in: 1...600, default: 5)
+    var logger = Logger(label: "blecontrol")
+    logger.logLevel = .critical
+    do {
+        let central = try BLECentral(adapter: arguments.option("adapter"), logger: logger)
+        defer { central.close() }
+        var count = 0
+        let started = ContinuousClock.now
+        try central.scan(for: .seconds(seconds)) { board in
+            count += 1
+            let rssi = board.rssi.map { "\($0) dBm" } ?? "RSSI n/a"
+            print("\(board.address)  \(rssi.padded(to: 9))  \(board.name)  (after \((started.duration(to: .now).inSeconds * 1000).fixed(0)) ms)")
+            fflush(nil)
+        }
+        if count == 0 { printError("blecontrol: no BLEControl board found in \(seconds) s") }
+    } catch let error as CentralError {
+        throw ExitFailure("\(error)")
+    }
+} }
+
+/// `blecontrol session`.
+func sessionCommand() -> CLICommand { Command(
+    "session", abstract: "Send a sequence of commands read from stdin, one a line, over one connection.",
+    discussion: """
+    Each line is a command as on the command line: servo CH VALUE, pwm CH VALUE, enable CH on|off, switch SW on|off, \
+    lcd LINE TEXT…, clear, init, send HEX…; and `sync` (wait until the board has answered everything so far), \
+    `wait MS` (pause). Blank lines and lines starting with # are skipped. With --ble the session keeps one BLE \
+    connection (writes as the original app: servo, pwm and switch without response); otherwise it uses the control \
+    socket. ERROR replies are printed as they arrive; exit status 1 if there was one or a line was wrong.
+    """,
+    options: deliveryOptions, flags: deliveryFlags
+) { arguments in
+    let ble = try arguments.option("ble").map { _ in try BLESession(arguments) }
+    defer { ble?.close() }
+    var failed = false
+    var number = 0
+    while let line = readLine() {
+        number += 1
+        let trimmed = line.trimmed
+        guard !trimmed.isEmpty, !trimmed.hasPrefix("#") else { continue }
+        let words = trimmed.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
+        do {
+            switch words[0] {
+            case "sync":
+                try ble?.sync()
+            case "wait":
+                guard words.count == 2, let ms = Int(words[1]), (0...600_000).contains(ms) else { throw UsageError("wait MS (0…600000)") }
+                sleepThread(.milliseconds(ms))
+            default:
+                var commandWords = Array(words.dropFirst())
+                if words[0] == "lcd", words.count > 1 {
+                    // The text is the rest of the line as typed, spaces and all.
+                    let afterCommand = trimmed.drop { $0 != " " }.drop { $0 == " " }
+                    let text = afterCommand.drop { $0 != " " }.dropFirst()
+                    commandWords = [words[1], String(text)]
+                }
+                let outgoing = try FrameCommands.outgoing(words[0], commandWords)
+                if let ble {
+                    try ble.send(outgoing)
+                } else {
+                    try sendFrames(outgoing.bytes, arguments)
+                }
+            }
+        } catch let failure as ExitFailure where failure.status == 1 && failure.description.isEmpty {
+            // A refusal, already printed as the board's ERROR reply.
+            failed = true
+        } catch {
+            printError("blecontrol: line \(number): \(error)")
+            failed = true
+        }
+    }
+    if let ble {
+        try ble.finish(arguments)
+        if ble.refused { failed = true }
+    }
+    if failed { throw ExitFailure.silent(1) }
+} }

@@ -1,0 +1,121 @@
+import Arguments
+import BLEControlProtocol
+import Control
+
+/// The command-line command (BLEControlProtocol has a `Command` too: the
+/// protocol's command byte).
+typealias CLICommand = Arguments.Command
+
+/// Frames a command sends, and how the original app writes them over BLE:
+/// servo, PWM and switch values without response (a slider's stream),
+/// everything else with response.
+struct Outgoing {
+    var bytes: [UInt8]
+    var withResponse: Bool
+}
+
+/// The frame-sending commands, one place for the command line and for the
+/// lines of `blecontrol session`.
+enum FrameCommands {
+    /// The commands that send frames, in the order `--help` lists them.
+    static let names = ["servo", "pwm", "enable", "switch", "lcd", "clear", "init", "send"]
+
+    /// The frames for command `name` with `words` (its arguments; for
+    /// `lcd`, the text is everything after the line number).
+    static func outgoing(_ name: String, _ words: [String]) throws -> Outgoing {
+        func argument(_ index: Int, _ what: String) throws -> String {
+            guard index < words.count else { throw UsageError("\(name): missing <\(what)>") }
+            return words[index]
+        }
+        func expectCount(_ count: Int) throws {
+            if words.count > count { throw UsageError("\(name): unexpected \(words[count...].joined(separator: " "))") }
+        }
+        switch name {
+        case "servo", "pwm":
+            try expectCount(2)
+            let channel = try number(try argument(0, "channel"), "channel", UInt8.self)
+            let value = try wireValue(try argument(1, "value"))
+            let message: Message = name == "servo" ? .servo(channel: channel, value: value) : .pwm(channel: channel, value: value)
+            return Outgoing(bytes: FrameEncoder.encode(message), withResponse: false)
+        case "enable":
+            try expectCount(2)
+            let channel = try number(try argument(0, "channel"), "channel", UInt8.self)
+            return Outgoing(bytes: FrameEncoder.encode(.enable(channel: channel, on: try onOff(try argument(1, "state"), "state"))), withResponse: true)
+        case "switch":
+            try expectCount(2)
+            let index = try number(try argument(0, "switch"), "switch", UInt8.self)
+            return Outgoing(bytes: FrameEncoder.encode(.switchValue(index: index, on: try onOff(try argument(1, "state"), "state"))), withResponse: false)
+        case "lcd":
+            let line = try number(try argument(0, "line"), "line", UInt8.self)
+            let text = words.dropFirst().joined(separator: " ")
+            guard text.utf8.count <= Message.maximumTextLength else {
+                throw UsageError("the text is \(text.utf8.count) bytes; a frame carries at most \(Message.maximumTextLength)")
+            }
+            return Outgoing(bytes: FrameEncoder.encode(.lcdText(line: line, text: Array(text.utf8))), withResponse: true)
+        case "clear":
+            try expectCount(0)
+            return Outgoing(bytes: FrameEncoder.encode(.lcdClear), withResponse: true)
+        case "init":
+            try expectCount(0)
+            return Outgoing(bytes: FrameEncoder.encode(.initialize), withResponse: true)
+        case "send":
+            let text = words.joined(separator: " ")
+            guard !words.isEmpty, let bytes = ControlProtocol.bytes(fromHex: text), !bytes.isEmpty else {
+                throw UsageError("not hex bytes: \(text)")
+            }
+            var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
+            decoder.decode(bytes, at: .now) { _ in }
+            if decoder.hasPartialFrame {
+                let pending = decoder.bufferedByteCount
+                throw ExitFailure("the last \(pending) byte\(pending == 1 ? "" : "s") (\(ControlProtocol.hex(bytes.suffix(pending)))) are an incomplete frame; nothing was sent")
+            }
+            return Outgoing(bytes: bytes, withResponse: true)
+        default:
+            throw UsageError("unknown command \(name) (one of: \(names.joined(separator: ", ")), sync, wait MS)")
+        }
+    }
+
+    /// Prints every frame in `replies` as the board's answer; true when one
+    /// was an ERROR.
+    @discardableResult
+    static func report(replies: [UInt8]) -> Bool {
+        var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
+        var refused = false
+        decoder.decode(replies, at: .now) { event in
+            switch event {
+            case .message(.error(let command)):
+                refused = true
+                print("board replied ERROR for command \(command) (\(ControlProtocol.hex(FrameEncoder.encode(.error(command: command)))))")
+            case .message(let message):
+                print("board sent \(message)")
+            case .error(let error):
+                print("board sent an undecodable reply: \(error)")
+            case .provisional:
+                break
+            }
+        }
+        return refused
+    }
+}
+
+func number<T: FixedWidthInteger>(_ text: String, _ name: String, _ type: T.Type) throws -> T {
+    guard let value = T(text) else { throw UsageError("<\(name)> must be a whole number \(T.min)…\(T.max), got \(text)") }
+    return value
+}
+
+/// on/off, 1/0, true/false, yes/no.
+func onOff(_ text: String, _ name: String) throws -> Bool {
+    switch text.lowercased() {
+    case "on", "1", "true", "yes": return true
+    case "off", "0", "false", "no": return false
+    default: throw UsageError("<\(name)> must be on or off (or 1/0, true/false), got \(text)")
+    }
+}
+
+/// A PWM or servo value: 0…65535, or a negative Int16 sent as the original
+/// app does (two's complement: -500 is FE 0C).
+func wireValue(_ text: String) throws -> UInt16 {
+    if let value = UInt16(text) { return value }
+    if let negative = Int16(text) { return UInt16(bitPattern: negative) }
+    throw UsageError("<value> must be -32768…65535, got \(text)")
+}

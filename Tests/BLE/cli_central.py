@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""`blecontrol` as the BLE central (issue 15): the CLI on hci1 drives the
+board on hci0 through the bus's BlueZ (BlueZoo here, bluetoothd in the VM),
+and the board's control socket says what arrived. Prints PASS/FAIL lines
+and FIGURE lines (scan-to-connected, write → applied), never asserting a
+duration.
+
+Usage: cli_central.py scan|session|single BOARD_NAME BOARD_ADDRESS CONTROL_SOCKET
+Environment: BLECONTROL_BIN, BLE_CENTRAL_ADAPTER (default hci1).
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+CLI = os.environ["BLECONTROL_BIN"]
+ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
+SAMPLES = int(os.environ.get("BLE_CLI_SAMPLES", "50"))
+
+
+def result(ok, text):
+    print(("PASS: " if ok else "FAIL: ") + text, flush=True)
+
+
+def figure(text):
+    print("FIGURE: " + text, flush=True)
+
+
+class Control:
+    """The board's control socket: status and the cheap poll."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.buffer = b""
+
+    def request(self, op):
+        self.sock.sendall(json.dumps({"op": op}).encode() + b"\n")
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("control socket closed")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)[op]
+
+    def until(self, what, condition, bound=30.0):
+        """Polls status until `condition(status)`; the bound only ends a hang."""
+        deadline = time.monotonic() + bound
+        while True:
+            status = self.request("status")
+            if condition(status):
+                return status
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: not seen; status {json.dumps(status)[:400]}")
+            time.sleep(0.02)
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else float("nan")
+
+
+def scan(name, address, control):
+    run = subprocess.run([CLI, "scan", "--adapter", ADAPTER, "--seconds", "4"], capture_output=True, text=True, timeout=60)
+    line = next((l for l in run.stdout.splitlines() if name in l), "")
+    result(run.returncode == 0 and address.lower() in line.lower(), f"blecontrol scan lists {name} at {address} ({line.strip() or run.stdout.strip() or run.stderr.strip()})")
+    match = re.search(r"\(after (\d+) ms\)", line)
+    if match:
+        figure(f"scan: {name} reported {match.group(1)} ms after discovery started")
+
+
+def session(name, address, control):
+    status = Control(control)
+    process = subprocess.Popen([CLI, "session", "--ble", name, "--adapter", ADAPTER, "--verbose"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def send(line):
+        process.stdin.write(line + "\n")
+        process.stdin.flush()
+
+    try:
+        send("enable 0 on")
+        send("enable 2 on")
+        send("sync")
+        status.until("channel 2 enabled", lambda s: s["channels"][2]["enabled"])
+        result(True, "session: ANALOG_OUT_EN over BLE reached the board (one connection)")
+        # Write → applied: each SERVO_VAL written without response, as the
+        # app's sliders, timed until the board's poll shows the pulse.
+        samples = []
+        for index in range(SAMPLES):
+            value = 100 + (index % 2) * 700
+            t0 = time.monotonic()
+            send(f"servo 2 {value}")
+            while True:
+                pulses = status.request("poll")["pulses_us"]
+                if abs(pulses[2] - (1000 + value)) < 5:
+                    break
+                if time.monotonic() - t0 > 30:
+                    raise RuntimeError(f"servo 2 {value}: pulse {pulses[2]} after 30 s")
+            samples.append((time.monotonic() - t0) * 1e3)
+        figure(f"write → applied (blecontrol session, without response, {len(samples)} samples): "
+               f"p50 {percentile(samples, 0.5):.1f} ms, p99 {percentile(samples, 0.99):.1f} ms")
+        result(True, f"session: {len(samples)} SERVO_VAL writes without response each reached the board")
+        send("lcd 0 Hello  BLE")
+        send("switch 1 on")
+        send("servo 0 700")
+        send("send 09 00")
+        send("sync")
+        status.until("the LCD, the switch and channel 0",
+                     lambda s: s["lcd"]["lines"][0].startswith("Hello  BLE") and s["switches"][1]["on"]
+                     and abs(s["channels"][0]["pulse_us"] - 1700) < 5)
+        result(True, "session: LCD_TEXT (spaces kept), SWITCH_VAL and SERVO_VAL over BLE reached the board")
+        # End of input: the session sends nothing more and disconnects.
+        out, err = process.communicate(timeout=120)
+    except Exception as error:  # noqa: BLE001 - every failure is a FAIL line
+        process.kill()
+        process.wait()
+        result(False, f"session: {error} (stderr: {process.stderr.read().strip()[-300:]})")
+        return
+    result("board replied ERROR for command 9" in out, f"session: the ERROR notification for 09 00 printed ({out.strip()!r})")
+    result(process.returncode == 1, f"session: exit status 1 after an ERROR (got {process.returncode})")
+    match = re.search(r"found .* in (\d+) ms, connected and subscribed in (\d+) ms", err)
+    if match:
+        figure(f"find {match.group(1)} ms, connect + services + notifications {match.group(2)} ms")
+    else:
+        result(False, f"session --verbose said how long connecting took ({err.strip()!r})")
+
+
+def single(name, address, control):
+    run = subprocess.run([CLI, "send", "09", "00", "--ble", address, "--adapter", ADAPTER, "--sync"], capture_output=True, text=True, timeout=120)
+    result(run.returncode == 1 and "board replied ERROR for command 9" in run.stdout,
+           f"blecontrol send 09 00 --ble ADDRESS --sync: ERROR printed, exit 1 (exit {run.returncode}: {run.stdout.strip()!r} {run.stderr.strip()!r})")
+    missing = subprocess.run([CLI, "init", "--ble", "no-such-board", "--adapter", ADAPTER, "--timeout", "3"], capture_output=True, text=True, timeout=120)
+    result(missing.returncode == 1 and "no-such-board" in missing.stderr,
+           f"a board that is not there: a clear message, exit 1 ({missing.returncode}: {missing.stderr.strip()!r})")
+
+
+if __name__ == "__main__":
+    phase, board_name, board_address, control_socket = sys.argv[1:5]
+    {"scan": scan, "session": session, "single": single}[phase](board_name, board_address, control_socket)
