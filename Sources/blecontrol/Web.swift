@@ -1,0 +1,452 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Arguments
+import Reactor
+
+/// `blecontrol web`: serves the Web Bluetooth control page (web/, compiled
+/// in by scripts/embed-web) over HTTP, for a browser on this machine.
+/// (A function, like `doctorCommand()`: a global `Command` would not be
+/// Sendable.)
+///
+/// The page talks to the board over Bluetooth itself; this server only hands
+/// out a few fixed files. It is deliberately small: GET and HEAD, one request
+/// per connection, nothing read from the file system (so no path can reach
+/// outside the page), requests bounded in size and time, on the project's
+/// event loop.
+func webCommand() -> Command {
+    Command(
+        "web",
+        abstract: "Serve the Web Bluetooth control page over HTTP (Ctrl-C stops).",
+        discussion: """
+        The page (the original demo app's screen: 4 servo sliders, 4 PWM sliders, 4 switches, 2 LCD lines, and a log of \
+        every byte) reaches the board over the Bluetooth of the machine whose browser shows it, not through this server. \
+        Browsers offer Web Bluetooth only to a secure context (Chromium on Linux also only with chrome://flags, \
+        "Experimental Web Platform features"). http://localhost is one: open the page on this machine (its browser then \
+        needs a Bluetooth adapter other than the one blecontrold advertises on: ble.adapter in the board file), or \
+        forward the port and open http://localhost:8000 on the other machine (from a laptop: ssh -L \
+        8000:localhost:8000 to this one; an Android phone on USB: adb reverse tcp:8000 tcp:8000 on the machine it is \
+        plugged into). Plain HTTP across the network is not one: put an HTTPS reverse proxy in front (a self-signed \
+        certificate works once the browser's warning is accepted), or add the address to "Insecure origins treated as \
+        secure" in the browser's chrome://flags.
+        """,
+        options: [
+            Command.Option("listen", value: "HOST:PORT", help: "Where to serve (default 127.0.0.1:8000; [::1]:8000 for IPv6; port 0 picks a free one). Anything but loopback serves the page to the network, as plain HTTP."),
+        ]
+    ) { arguments in
+        let text = arguments.option("listen") ?? "127.0.0.1:8000"
+        guard let endpoint = WebEndpoint(text) else {
+            throw UsageError("--listen must be HOST:PORT (e.g. 127.0.0.1:8000 or [::1]:0), got \(text)")
+        }
+        try WebServer.serve(endpoint)
+    }
+}
+
+/// A `--listen` address: `host:port`, or `[v6 literal]:port`.
+struct WebEndpoint: Equatable {
+    var host: String
+    var port: UInt16
+
+    init?(_ text: String) {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") {
+            guard host.hasSuffix("]"), host.count > 2 else { return nil }
+            host = String(host.dropFirst().dropLast())
+        } else if host.contains(":") {
+            return nil  // an IPv6 literal needs its brackets
+        }
+        guard !host.isEmpty else { return nil }
+        self.host = host
+        self.port = port
+    }
+
+    /// The address as a URL's authority.
+    func authority(port: UInt16) -> String {
+        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+    }
+
+    /// Whether only this machine can reach it (what a browser counts as a
+    /// secure context without HTTPS).
+    var isLoopback: Bool {
+        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    }
+}
+
+/// One file the server can send.
+struct WebAsset {
+    var contentType: String
+    var body: [UInt8]
+}
+
+/// The page's files by request path: exactly the embedded ones, nothing else.
+struct WebSite {
+    private var assets: [String: WebAsset] = [:]
+
+    /// The files compiled in by scripts/embed-web.
+    static let embedded = WebSite(files: EmbeddedWeb.files)
+
+    init(files: [(path: String, text: String)]) {
+        for file in files {
+            assets["/" + file.path] = WebAsset(contentType: WebSite.contentType(of: file.path), body: Array(file.text.utf8))
+        }
+    }
+
+    /// The asset for a request path ("/" is index.html); nil for anything
+    /// else. Paths are compared as they are: there is no file system behind
+    /// them, so "..", "%2e" and the like simply name nothing.
+    func asset(for path: String) -> WebAsset? {
+        assets[path == "/" ? "/index.html" : path]
+    }
+
+    static func contentType(of path: String) -> String {
+        let name = path.split(separator: "/").last.map(String.init) ?? path
+        let suffix = name.split(separator: ".").last.map { $0.lowercased() } ?? ""
+        switch suffix {
+        case "html": return "text/html; charset=utf-8"
+        case "js": return "text/javascript; charset=utf-8"
+        case "css": return "text/css; charset=utf-8"
+        case "svg": return "image/svg+xml"
+        case "json": return "application/json"
+        case "txt": return "text/plain; charset=utf-8"
+        default: return "application/octet-stream"
+        }
+    }
+}
+
+/// What a request head says, or why it cannot be served.
+enum WebRequestHead: Equatable {
+    /// More bytes are needed.
+    case incomplete
+    case complete(method: String, path: String)
+    /// Answer with this status and close.
+    case refused(WebStatus)
+}
+
+/// The statuses the server sends.
+enum WebStatus: Int {
+    case ok = 200
+    case badRequest = 400
+    case notFound = 404
+    case methodNotAllowed = 405
+    case requestTimeout = 408
+    case headTooLarge = 431
+    case versionNotSupported = 505
+
+    var reason: String {
+        switch self {
+        case .ok: return "OK"
+        case .badRequest: return "Bad Request"
+        case .notFound: return "Not Found"
+        case .methodNotAllowed: return "Method Not Allowed"
+        case .requestTimeout: return "Request Timeout"
+        case .headTooLarge: return "Request Header Fields Too Large"
+        case .versionNotSupported: return "HTTP Version Not Supported"
+        }
+    }
+}
+
+/// HTTP/1.x request heads and responses, without I/O (RFC 9112 §3, §2.2).
+enum WebHTTP {
+    /// The most bytes a request head may take; a browser's GET is well
+    /// under 2 KiB. Anything longer is refused without reading further.
+    static let maximumHeadBytes = 8192
+
+    /// Parses the head at the start of `bytes` (request line and headers up
+    /// to the empty line). Only the request line matters here; headers are
+    /// read past, never interpreted.
+    static func parseHead(_ bytes: [UInt8]) -> WebRequestHead {
+        guard let end = headEnd(bytes) else {
+            return bytes.count > maximumHeadBytes ? .refused(.headTooLarge) : .incomplete
+        }
+        if end > maximumHeadBytes { return .refused(.headTooLarge) }
+        // A server should ignore empty lines before the request line (§2.2).
+        var start = 0
+        while start + 1 < end, bytes[start] == 0x0D || bytes[start] == 0x0A { start += 1 }
+        guard let lineEnd = bytes[start..<end].firstIndex(where: { $0 == 0x0D || $0 == 0x0A }) else { return .refused(.badRequest) }
+        let line = bytes[start..<lineEnd]
+        // Request line: method SP request-target SP HTTP-version, nothing else.
+        let parts = line.split(separator: 0x20, omittingEmptySubsequences: false)
+        guard parts.count == 3, parts.allSatisfy({ !$0.isEmpty }),
+              line.allSatisfy({ $0 > 0x20 && $0 < 0x7F || $0 == 0x20 }) else { return .refused(.badRequest) }
+        let method = String(decoding: parts[0], as: UTF8.self)
+        let target = String(decoding: parts[1], as: UTF8.self)
+        let version = String(decoding: parts[2], as: UTF8.self)
+        guard method.utf8.allSatisfy({ isTokenByte($0) }), version.hasPrefix("HTTP/") else { return .refused(.badRequest) }
+        guard version == "HTTP/1.1" || version == "HTTP/1.0" else { return .refused(.versionNotSupported) }
+        guard method == "GET" || method == "HEAD" else { return .refused(.methodNotAllowed) }
+        // Origin form only ("/path?query"); the query and fragment select nothing.
+        guard target.hasPrefix("/") else { return .refused(.badRequest) }
+        let path = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
+            .split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        return .complete(method: method, path: String(path))
+    }
+
+    /// The index just past the head's empty line (CRLF CRLF, or bare LF LF,
+    /// which §2.2 lets a server accept), or nil if it has not arrived.
+    static func headEnd(_ bytes: [UInt8]) -> Int? {
+        var index = 0
+        while index < bytes.count {
+            if bytes[index] == 0x0A {
+                if index + 1 < bytes.count, bytes[index + 1] == 0x0A { return index + 2 }
+                if index + 2 < bytes.count, bytes[index + 1] == 0x0D, bytes[index + 2] == 0x0A { return index + 3 }
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    private static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): return true
+        default: return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+        }
+    }
+
+    /// The answer to a parsed head: the asset, or a short plain-text error.
+    static func response(to head: WebRequestHead, site: WebSite) -> [UInt8] {
+        switch head {
+        case .incomplete:
+            // Only a timeout answers an incomplete head.
+            return response(.requestTimeout, head: false)
+        case .refused(let status):
+            return response(status, head: false)
+        case .complete(let method, let path):
+            guard let asset = site.asset(for: path) else { return response(.notFound, head: method == "HEAD") }
+            return response(.ok, contentType: asset.contentType, body: asset.body, head: method == "HEAD")
+        }
+    }
+
+    /// A whole response. Every one closes the connection and forbids
+    /// caching: after an upgrade the browser must not keep the old page.
+    static func response(_ status: WebStatus, contentType: String = "text/plain; charset=utf-8", body: [UInt8]? = nil, head: Bool) -> [UInt8] {
+        let content = body ?? Array("\(status.rawValue) \(status.reason)\n".utf8)
+        var text = "HTTP/1.1 \(status.rawValue) \(status.reason)\r\n"
+        text += "Content-Type: \(contentType)\r\n"
+        text += "Content-Length: \(content.count)\r\n"
+        text += "Cache-Control: no-store\r\n"
+        text += "X-Content-Type-Options: nosniff\r\n"
+        text += "Referrer-Policy: no-referrer\r\n"
+        // The page loads only its own files and is framed by nobody.
+        text += "Content-Security-Policy: default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'\r\n"
+        if status == .methodNotAllowed { text += "Allow: GET, HEAD\r\n" }
+        text += "Connection: close\r\n\r\n"
+        return Array(text.utf8) + (head ? [] : content)
+    }
+}
+
+/// The server: a listener and its connections, on one event loop.
+final class WebServer: @unchecked Sendable {
+    // Loop-confined: created on any thread, used only on `loop` (checked).
+    static let maximumConnections = 64
+
+    private let loop: EventLoop
+    private let site: WebSite
+    fileprivate var listener: Listener?
+    private var connections: [ObjectIdentifier: WebConnection] = [:]
+
+    init(loop: EventLoop, site: WebSite) {
+        self.loop = loop
+        self.site = site
+    }
+
+    /// Serves `endpoint` until SIGINT, SIGTERM or SIGHUP; prints the URL first.
+    static func serve(_ endpoint: WebEndpoint) throws {
+        // A browser that goes away mid-response must cost a write error,
+        // not the process.
+        signal(SIGPIPE, SIG_IGN)
+        // Blocked here, before the loop's thread exists, so that thread
+        // inherits the mask and the signals arrive only through the loop.
+        let signals = try SignalSource(signals: [SIGINT, SIGTERM, SIGHUP])
+        // The descriptor's type is swift-system's, which this target does not
+        // import; Result carries it without naming it.
+        let listening = Result { try Sockets.listenTCP(host: endpoint.host, port: endpoint.port) }
+        if case .failure(let error) = listening {
+            throw ExitFailure("blecontrol web: cannot listen on \(endpoint.authority(port: endpoint.port)): \(error)")
+        }
+        let fd = try listening.get()
+        let port = Sockets.localPort(fd) ?? endpoint.port
+        let loop = try EventLoop(name: "blecontrol-web")
+        loop.start()
+        let server = WebServer(loop: loop, site: .embedded)
+        let stop = Promise<Int32>()
+        try loop.submitAndWait {
+            server.listener = try Listener.start(
+                fd: fd, loop: loop, maxConnections: WebServer.maximumConnections,
+                onAccept: { [weak server] connection, _ in server?.accept(connection.rawValue) },
+                onEvent: { event in printError("blecontrol web: \(event)") })
+            try signals.attach(to: loop) { signal, _ in stop.fulfil(signal) }
+        }
+        let url = "http://\(endpoint.authority(port: port))/"
+        print("serving the BLEControl page on \(url) (Ctrl-C stops)")
+        if !endpoint.isLoopback {
+            print("note: over the network this is plain HTTP, where browsers offer no Web Bluetooth; `blecontrol web --help` says what works")
+        }
+        fflush(nil)
+        _ = stop.wait()
+        try loop.submitAndWait {
+            server.stop()
+            signals.detach(from: loop)
+        }
+        loop.stop()
+    }
+
+    fileprivate func accept(_ fd: CInt) {
+        let connection = WebConnection(fd: fd, loop: loop, site: site) { [weak self] closed in
+            guard let self else { return }
+            self.connections[ObjectIdentifier(closed)] = nil
+            self.listener?.openConnections = self.connections.count
+        }
+        connections[ObjectIdentifier(connection)] = connection
+        listener?.openConnections = connections.count
+        connection.start()
+    }
+
+    private func stop() {
+        loop.assertInLoop()
+        listener?.stop()
+        listener = nil
+        for connection in Array(connections.values) { connection.close() }
+    }
+}
+
+/// One browser connection: read a head, write one response, close gently.
+final class WebConnection {
+    // Loop-confined, like its server.
+    private enum Phase {
+        case reading
+        case writing
+        /// Response sent and our side shut down: reading what the peer
+        /// still sends until it closes, so closing cannot reset the
+        /// connection before the response is read (RFC 9112 §9.6).
+        case lingering
+    }
+
+    /// How long a browser gets to send its request head, to read the
+    /// response, and to close after it.
+    static let headTimeout: Duration = .seconds(10)
+    static let writeTimeout: Duration = .seconds(30)
+    static let lingerTimeout: Duration = .seconds(2)
+    /// The most bytes read and dropped while lingering.
+    static let maximumLingerBytes = 65536
+
+    private let fd: CInt
+    private let loop: EventLoop
+    private let site: WebSite
+    private let onClose: (WebConnection) -> Void
+    private var token: LoopToken?
+    private var timer: LoopToken?
+    private var phase = Phase.reading
+    private var received: [UInt8] = []
+    private var outbound: [UInt8] = []
+    private var written = 0
+    private var discarded = 0
+    private var closed = false
+
+    init(fd: CInt, loop: EventLoop, site: WebSite, onClose: @escaping (WebConnection) -> Void) {
+        self.fd = fd
+        self.loop = loop
+        self.site = site
+        self.onClose = onClose
+    }
+
+    func start() {
+        do {
+            token = try loop.register(fd, interest: .readable) { [weak self] readiness in self?.handle(readiness) }
+        } catch {
+            return close()
+        }
+        arm(WebConnection.headTimeout) { [weak self] in
+            // No whole head in time: say so, then close.
+            self?.respond(WebHTTP.response(.requestTimeout, head: false))
+        }
+    }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        if let token { loop.unregister(token) }
+        if let timer { loop.cancel(timer) }
+        token = nil
+        timer = nil
+        Glibc.close(fd)
+        onClose(self)
+    }
+
+    private func arm(_ delay: Duration, _ work: @escaping () -> Void) {
+        if let timer { loop.cancel(timer) }
+        timer = loop.schedule(after: delay) { [weak self] in
+            self?.timer = nil
+            work()
+        }
+    }
+
+    private func handle(_ readiness: EventLoop.Readiness) {
+        switch phase {
+        case .reading:
+            readHead()
+        case .writing:
+            if readiness.contains(.writable) { drain() }
+            // A peer that hung up cannot read the rest.
+            else if readiness.contains(.closed) { close() }
+        case .lingering:
+            readAndDiscard()
+        }
+    }
+
+    private func readHead() {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if count < 0 {
+            if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
+            return close()
+        }
+        if count == 0 { return close() }  // gone before asking anything
+        received += buffer[0..<count]
+        let head = WebHTTP.parseHead(received)
+        if head == .incomplete { return }
+        respond(WebHTTP.response(to: head, site: site))
+    }
+
+    private func respond(_ response: [UInt8]) {
+        guard !closed, phase == .reading else { return }
+        phase = .writing
+        received = []
+        outbound = response
+        written = 0
+        arm(WebConnection.writeTimeout) { [weak self] in self?.close() }
+        drain()
+    }
+
+    private func drain() {
+        while written < outbound.count {
+            let count = outbound.withUnsafeBytes { raw in
+                Glibc.send(fd, raw.baseAddress! + written, raw.count - written, Int32(MSG_NOSIGNAL))
+            }
+            if count < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK {
+                    if let token { loop.setInterest(token, .writable) }
+                    return
+                }
+                return close()
+            }
+            written += count
+        }
+        // All sent: half-close, then wait (briefly) for the browser to close.
+        shutdown(fd, Int32(SHUT_WR))
+        phase = .lingering
+        outbound = []
+        if let token { loop.setInterest(token, .readable) }
+        arm(WebConnection.lingerTimeout) { [weak self] in self?.close() }
+    }
+
+    private func readAndDiscard() {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if count < 0, errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
+        if count <= 0 { return close() }
+        discarded += count
+        if discarded > WebConnection.maximumLingerBytes { close() }
+    }
+}

@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""The control page in a real headless Chromium, end to end: Chromium's own
+BlueZ backend on the private bus (BlueZoo's hci0), the board's daemon on
+hci1, the page served by `blecontrol web`. A person's session, driven
+through the DevTools protocol: click Connect, pick the board in the
+chooser (DeviceAccess), drag and key the sliders, flip the switches, type
+both LCD lines, clear, stop and restart the outputs, disconnect.
+
+Checked: what the emulated board did (`blecontrol status --json`), every
+byte Chromium wrote and its write type (a D-Bus monitor, see monitor.py)
+against the page's own log and against docs/protocol.md, the ERROR
+notification for a switch the board lacks, coalescing of a slider burst,
+no script errors, and which origins get Web Bluetooth (file://, an
+insecure http:// host, the same host once trusted). Screenshots go to the
+shots directory, at phone and desktop widths.
+
+Usage: page_test.py URL SHOTS_DIR MONITOR_FILE WEB_DIR PROFILE_DIR LOG TLS_PORT
+Environment: BLECONTROL_BIN, BLECONTROL_SOCKET, DBUS_SYSTEM_BUS_ADDRESS,
+CHROMIUM (default chromium). Prints PASS/FAIL lines; exit status 1 on any
+failure. Waits are hang guards only; nothing asserts a duration.
+"""
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+from cdp import Chromium  # noqa: E402
+
+URL, SHOTS, MONITOR, WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
+NAME = "BLEControl-Sim"
+PORT = urllib.parse.urlsplit(URL).port
+INSECURE = "http://insecure.test:%d/" % PORT
+TRUSTED = "http://trusted.test:%d/" % PORT
+# The same server behind a TLS proxy with a self-signed certificate.
+SELF_SIGNED = "https://board.test:%s/" % TLS_PORT
+failures = 0
+
+
+def check(ok, what, detail=""):
+    global failures
+    print(("PASS" if ok else "FAIL") + ": " + what + ("" if ok or detail == "" else " (" + str(detail) + ")"), flush=True)
+    if not ok:
+        failures += 1
+    return ok
+
+
+# ------------------------------------------------------------------ board
+
+def status():
+    out = subprocess.run([os.environ["BLECONTROL_BIN"], "status", "--json"], capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        raise RuntimeError("blecontrol status failed: " + out.stderr)
+    return json.loads(out.stdout)
+
+
+def channel(report, number):
+    return next((c for c in report.get("channels", []) if c.get("channel") == number), {})
+
+
+def wait_status(predicate, timeout=20.0):
+    """The first status for which predicate holds, else None (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report = status()
+        try:
+            if predicate(report):
+                return report
+        except (KeyError, IndexError, TypeError):
+            pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def near(value, target, step=5.0):
+    # PCA9685 counts at 50 Hz are 4.9 µs apart.
+    return value is not None and abs(value - target) < step
+
+
+def ble_sessions(report):
+    return [s for s in report.get("sessions", []) if s.get("transport") == "ble"]
+
+
+# ------------------------------------------------------------------- page
+
+class Page:
+    def __init__(self, browser, session):
+        self.browser = browser
+        self.session = session
+
+    def send(self, method, params=None, timeout=30):
+        return self.browser.send(method, params, session=self.session, timeout=timeout)
+
+    def eval(self, expression, gesture=False):
+        result = self.send("Runtime.evaluate", {
+            "expression": expression, "returnByValue": True, "awaitPromise": True, "userGesture": gesture})
+        if "exceptionDetails" in result:
+            raise RuntimeError("page script failed: " + json.dumps(result["exceptionDetails"])[:400])
+        return result["result"].get("value")
+
+    def wait(self, expression, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.eval(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                return value
+            self.browser.pump(0.1)
+
+    def navigate(self, url):
+        self.send("Page.navigate", {"url": url})
+        self.wait("document.readyState === 'complete' && document.body.dataset.state !== 'loading'", 20)
+
+    def viewport(self, width, height, mobile):
+        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
+
+    def center(self, selector):
+        return self.eval("""(() => {
+            const element = document.querySelector(%s);
+            element.scrollIntoView({block: 'center', inline: 'center'});
+            const r = element.getBoundingClientRect();
+            return [r.left + r.width / 2, r.top + r.height / 2, r.left, r.width];
+        })()""" % json.dumps(selector))
+
+    def mouse(self, kind, x, y, buttons=0, button="none"):
+        self.send("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": button, "buttons": buttons, "clickCount": 1 if kind != "mouseMoved" else 0})
+
+    def click(self, selector):
+        x, y, _, _ = self.center(selector)
+        self.mouse("mouseMoved", x, y)
+        self.mouse("mousePressed", x, y, 1, "left")
+        self.mouse("mouseReleased", x, y, 0, "left")
+
+    def drag_slider(self, selector, fractions):
+        """Presses on the thumb and moves along the track: one input event a move."""
+        _, y, left, width = self.center(selector)
+        points = [left + width * f for f in fractions]
+        self.mouse("mouseMoved", points[0], y)
+        self.mouse("mousePressed", points[0], y, 1, "left")
+        for x in points[1:]:
+            self.mouse("mouseMoved", x, y, 1, "left")
+        self.mouse("mouseReleased", points[-1], y, 0, "left")
+
+    def key(self, key, code, keycode, text=None):
+        down = {"type": "keyDown" if text is None else "keyDown", "key": key, "code": code, "windowsVirtualKeyCode": keycode, "nativeVirtualKeyCode": keycode}
+        if text is not None:
+            down["text"] = text
+        self.send("Input.dispatchKeyEvent", down)
+        self.send("Input.dispatchKeyEvent", {"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": keycode, "nativeVirtualKeyCode": keycode})
+
+    def type(self, text):
+        self.send("Input.insertText", {"text": text})
+
+    def set_slider(self, element_id, value):
+        """Where a drag would end: the value, then the input event a drag fires."""
+        self.eval("""(() => { const e = document.getElementById(%s); e.value = %s;
+            e.dispatchEvent(new Event('input', {bubbles: true})); })()""" % (json.dumps(element_id), json.dumps(str(value))))
+
+    def screenshot(self, name, full=False):
+        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": full})
+        with open(os.path.join(SHOTS, name), "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+        if full:
+            # Back to the viewport's own size (capturing beyond it resizes the view).
+            self.send("Runtime.evaluate", {"expression": "window.scrollTo(0, 0)"})
+
+    def sent(self):
+        """The page's own log of writes: [(hex, type)] in order."""
+        return [tuple(x) for x in self.eval("Array.from(document.querySelectorAll('#log li.tx'), (li) => [li.dataset.bytes, li.dataset.type])")]
+
+    def state(self):
+        return self.eval("document.body.dataset.state")
+
+
+# ----------------------------------------------------------------- frames
+
+REQUEST_COMMANDS = {0x00, 0x01, 0x04, 0x05}
+COMMAND_COMMANDS = {0x02, 0x03, 0x06}
+
+
+def frames(data):
+    """Splits one write into frames; None if it is not whole frames."""
+    result = []
+    index = 0
+    while index < len(data):
+        if index + 2 > len(data) or index + 2 + data[index + 1] > len(data):
+            return None
+        result.append(data[index:index + 2 + data[index + 1]])
+        index += 2 + data[index + 1]
+    return result
+
+
+def monitored():
+    writes = []
+    with open(MONITOR) as f:
+        for line in f:
+            writes.append(json.loads(line))
+    browser = [(bytes.fromhex(w["bytes"]), w["type"]) for w in writes if w["path"].startswith("/org/bluez/")]
+    board = [(bytes.fromhex(w["bytes"]), w["type"]) for w in writes if not w["path"].startswith("/org/bluez/")]
+    return browser, board
+
+
+def as_page(writes):
+    return [(" ".join("%02X" % b for b in data), kind) for data, kind in writes]
+
+
+# ---------------------------------------------------------------- session
+
+def launch():
+    arguments = [
+        os.environ.get("CHROMIUM", "chromium"), "--headless",
+        "--user-data-dir=" + PROFILE, "--no-first-run", "--no-default-browser-check",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-pings",
+        "--hide-scrollbars", "--mute-audio",
+        # Web Bluetooth is behind this switch on Linux (chrome://flags,
+        # "Experimental Web Platform features").
+        "--enable-experimental-web-platform-features",
+        # Two host names for this machine's loopback server: one a plain
+        # insecure origin, one declared trustworthy (what chrome://flags
+        # "Insecure origins treated as secure" does on a phone).
+        "--host-resolver-rules=MAP insecure.test 127.0.0.1, MAP trusted.test 127.0.0.1, MAP board.test 127.0.0.1",
+        "--unsafely-treat-insecure-origin-as-secure=" + TRUSTED.rstrip("/"),
+        "--enable-logging=stderr", "--v=0", "--vmodule=device_event_log_impl=1",
+    ]
+    if os.geteuid() == 0:
+        arguments.append("--no-sandbox")  # Chromium refuses root otherwise
+    log = open(LOG, "ab")
+    browser = Chromium(arguments + ["about:blank"], log=log)
+    target = next(t for t in browser.send("Target.getTargets")["targetInfos"] if t["type"] == "page")
+    session = browser.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})["sessionId"]
+    page = Page(browser, session)
+    for domain in ("Page", "Runtime", "Log", "DeviceAccess"):
+        page.send(domain + ".enable")
+    return browser, page
+
+
+def problems(browser, since=0):
+    """Script exceptions and error-level console or log entries."""
+    found = []
+    for event in browser.history[since:]:
+        method = event.get("method")
+        params = event.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            found.append(params["exceptionDetails"].get("exception", {}).get("description") or params["exceptionDetails"].get("text"))
+        elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            found.append(" ".join(str(a.get("value", a.get("description"))) for a in params.get("args", [])))
+        elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+            found.append(params["entry"].get("text", "") + " " + params["entry"].get("url", ""))
+    return found
+
+
+def session(browser, page):
+    page.viewport(390, 844, True)
+    page.navigate(URL)
+    check(page.eval("window.isSecureContext") is True and page.eval("'bluetooth' in navigator"),
+          "served from loopback: a secure context with navigator.bluetooth")
+    check(page.state() == "disconnected" and page.eval("document.getElementById('servos').disabled") is True,
+          "before connecting: state disconnected, controls disabled", page.state())
+    check(page.eval("document.getElementById('unsupported').hidden") is True, "no 'unsupported' notice: Chromium finds the (BlueZoo) adapter")
+    page.screenshot("phone-disconnected.png")
+
+    # Connect: a real click (requestDevice needs the user's gesture), then the
+    # chooser, answered through DevTools as a person would pick the board.
+    page.click("#connect")
+    prompt = browser.wait_event(lambda e: e.get("method") == "DeviceAccess.deviceRequestPrompted"
+                                and any(d["name"] == NAME for d in e["params"]["devices"]), 30)
+    if not check(prompt is not None, "the chooser lists the board (filter: service FFE0)",
+                 [e["params"] for e in browser.history if e.get("method") == "DeviceAccess.deviceRequestPrompted"]):
+        return
+    devices = prompt["params"]["devices"]
+    check([d["name"] for d in devices] == [NAME], "the chooser lists only the board", devices)
+    page.send("DeviceAccess.selectPrompt", {"id": prompt["params"]["id"], "deviceId": devices[0]["id"]})
+    state = page.wait("document.body.dataset.state === 'connected'", 30)
+    if not check(state, "connected", page.eval("document.getElementById('status').textContent")):
+        print("page log:", page.eval("document.getElementById('log').innerText"), file=sys.stderr)
+        return
+    check(NAME in page.eval("document.getElementById('status').textContent"), "the status line names the board")
+    report = wait_status(lambda r: all(channel(r, c).get("enabled") for c in range(8)) and len(ble_sessions(r)) == 1)
+    check(report is not None, "on connect the page enabled channels 0–7 (ANALOG_OUT_EN, as the app does) over one BLE session",
+          [(c, channel(status(), c).get("enabled")) for c in range(8)])
+    page.wait("document.getElementById('board').textContent !== ''", 10)
+    check("simulator" in page.eval("document.getElementById('board').textContent"),
+          "Device Information read: the board's model shown", page.eval("document.getElementById('board').textContent"))
+
+    # A burst of 50 slider moves in one go: the first write goes out, every
+    # later move folds into one more write with the latest values.
+    before = len([s for s in page.sent() if s[0].startswith("02 03")])
+    page.eval("""(() => { const e = document.getElementById('servo1');
+        for (let v = 0; v <= 490; v += 10) { e.value = String(v); e.dispatchEvent(new Event('input', {bubbles: true})); } })()""")
+    wait_status(lambda r: near(channel(r, 1).get("pulse_us"), 1490))
+    page.wait("Array.from(document.querySelectorAll('#log li.tx')).some((li) => li.dataset.bytes.startsWith('02 03 00 01 F4 02 03 01 01 EA'))", 10)
+    servo_writes = [s for s in page.sent() if s[0].startswith("02 03")][before:]
+    check(len(servo_writes) == 2 and " 02 03 01 00 00 " in servo_writes[0][0] + " " and "02 03 01 01 EA" in servo_writes[-1][0],
+          "50 slider moves at once → 2 writes: the first value, then the latest (coalesced)", servo_writes)
+
+    # Servo sliders as a person moves them: a drag on channel 0, keys on
+    # channel 3, and the demo app's values.
+    page.drag_slider("#servo0", [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.3, 0.1])
+    dragged = int(page.eval("document.getElementById('servo0').value"))
+    check(wait_status(lambda r: near(channel(r, 0).get("pulse_us"), 1000 + dragged)) is not None,
+          "a mouse drag on channel 0 ends where the thumb is: %d µs" % (1000 + dragged), channel(status(), 0))
+    for element, value in (("servo0", 100), ("servo1", 400), ("servo2", 700)):
+        page.set_slider(element, value)
+    page.eval("document.getElementById('servo3').focus()")
+    page.key("End", "End", 35)
+    check(page.eval("document.getElementById('servo3-value').textContent") == "2000 µs", "End key on channel 3: readout 2000 µs")
+
+    # PWM: the demo app's values, one negative (an Int16: FE 0C, 100 %).
+    page.set_slider("pwm4", 250)
+    page.set_slider("pwm5", 500)
+    page.eval("document.getElementById('pwm6').focus()")
+    page.key("End", "End", 35)
+    page.set_slider("pwm7", -500)
+    check("100 %" in page.eval("document.getElementById('pwm7-value').textContent"), "a negative PWM value reads as 100 %",
+          page.eval("document.getElementById('pwm7-value').textContent"))
+
+    # Switches by clicking them; this board has no switch 3.
+    for index in (0, 2, 3):
+        page.click("#switch%d" % index)
+
+    # Both LCD lines: typed, sent with Enter and with the Show button.
+    page.click("#lcd0")
+    page.type("BLEControl")
+    page.key("Enter", "Enter", 13, "\r")
+    page.click("#lcd1")
+    page.type("Demo app")
+    page.click("#lcd1-form button")
+
+    servos = [100, 400, 700, 1000]
+
+    def demo_outputs(r):
+        servo_ok = all(near(channel(r, c).get("pulse_us"), 1000 + servos[c]) for c in range(4))
+        duties = [channel(r, c).get("duty") for c in range(4, 8)]
+        duty_ok = abs(duties[0] - 0.25) < 0.001 and abs(duties[1] - 0.5) < 0.001 and duties[2] == 1 and duties[3] == 1
+        switches = [s.get("on") for s in r.get("switches", [])]
+        return servo_ok and duty_ok and switches == [True, False, True] and r["lcd"]["lines"] == ["BLEControl      ", "Demo app        "]
+
+    report = wait_status(demo_outputs)
+    last = report or status()
+    check(report is not None, "the board shows the demo app's session: servos 1100/1400/1700/2000 µs, PWM 25/50/100/100 %, switches on/off/on, both LCD lines",
+          [(c, channel(last, c).get("pulse_us"), channel(last, c).get("duty")) for c in range(8)]
+          + [[s.get("on") for s in last.get("switches", [])], last["lcd"]["lines"]])
+
+    refused = page.wait("Array.from(document.querySelectorAll('#log li.error'), (li) => li.dataset.bytes + ' ' + li.dataset.refused).join('|')", 10)
+    check(refused == "FF 01 06 SWITCH_VAL", "switch 3 (not on this board) → ERROR notification FF 01 06, decoded in the log", refused)
+    check("SWITCH_VAL" in page.eval("document.getElementById('alert').hidden ? '' : document.getElementById('alert-text').textContent"),
+          "…and shown in the alert banner", page.eval("document.getElementById('alert-text').textContent"))
+
+    page.eval("window.scrollTo(0, 0)")
+    page.screenshot("phone-connected.png")
+    page.screenshot("phone-connected-full.png", full=True)
+    page.send("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    page.screenshot("phone-connected-dark.png")
+    page.send("Emulation.setEmulatedMedia", {"features": []})
+    page.viewport(1280, 800, False)
+    page.screenshot("desktop-connected.png", full=True)
+    page.viewport(390, 844, True)
+
+    # UTF-8 text: the length byte counts bytes (+2), not characters.
+    page.eval("document.getElementById('lcd0').value = ''")
+    page.click("#lcd0")
+    page.type("Grüße")
+    page.key("Enter", "Enter", 13, "\r")
+    page.wait("Array.from(document.querySelectorAll('#log li.tx')).some((li) => li.dataset.bytes.startsWith('04 09 00'))", 10)
+    check(any(s == ("04 09 00 47 72 C3 BC C3 9F 65 00", "request") for s in page.sent()),
+          "\"Grüße\" goes as 04 09 00 47 72 C3 BC C3 9F 65 00 (7 bytes + 2), with response",
+          [s for s in page.sent() if s[0].startswith("04")])
+    check(wait_status(lambda r: r["lcd"]["lines"][0].startswith("Gr")) is not None, "the board shows it on the top line", status()["lcd"]["lines"])
+
+    page.click("#clear")
+    check(wait_status(lambda r: all(line.strip() == "" for line in r["lcd"]["lines"])) is not None, "Clear display → LCD_CLEAR: both lines blank",
+          status()["lcd"]["lines"])
+
+    page.click("#outputs")
+    check(wait_status(lambda r: all(not channel(r, c).get("enabled") and channel(r, c).get("pulse_us") == 0 for c in range(8))) is not None,
+          "Channels 0–7 running off → every analog output stopped", [(c, channel(status(), c).get("pulse_us")) for c in range(8)])
+    page.click("#outputs")
+    check(wait_status(lambda r: all(channel(r, c).get("enabled") for c in range(8)) and near(channel(r, 3).get("pulse_us"), 2000)) is not None,
+          "…and on again: running with the values kept", [(c, channel(status(), c).get("pulse_us")) for c in range(8)])
+
+    # Disconnect, as the app leaves its screen: every channel stopped first.
+    page.click("#connect")
+    check(page.wait("document.body.dataset.state === 'disconnected'", 20), "Disconnect → state disconnected", page.state())
+    report = wait_status(lambda r: not ble_sessions(r) and all(not channel(r, c).get("enabled") for c in range(8)))
+    check(report is not None, "the board: channels 0–7 stopped and the BLE session gone", ble_sessions(status()))
+    failsafe = status()["servo"].get("failsafe")
+    check(failsafe is not None and "disconnected" in failsafe, "the board's failsafe engaged when the page left", failsafe)
+    page.viewport(1280, 800, False)
+    page.eval("window.scrollTo(0, 0)")
+    page.screenshot("desktop-disconnected.png")
+
+    # Every byte: the page's log, Chromium's WriteValue calls and what
+    # reached the board's application are the same writes, in order.
+    page_writes = page.sent()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        browser_writes, board_writes = monitored()
+        if len(browser_writes) >= len(page_writes) and len(board_writes) >= len(browser_writes):
+            break
+        time.sleep(0.1)
+    check(as_page(browser_writes) == page_writes, "every write Chromium made is in the page's log, same bytes and write type, in order (%d writes)" % len(page_writes),
+          {"page": page_writes[-5:], "chromium": as_page(browser_writes)[-5:], "counts": (len(page_writes), len(browser_writes))})
+    check(board_writes == browser_writes, "the board's application received exactly those writes", (len(board_writes), len(browser_writes)))
+    bad = []
+    for data, kind in browser_writes:
+        split = frames(data)
+        commands = {f[0] for f in split or []}
+        if split is None:
+            bad.append(("not whole frames", data.hex()))
+        elif commands <= COMMAND_COMMANDS and kind != "command":
+            bad.append(("servo/pwm/switch must go without response", data.hex(), kind))
+        elif commands <= REQUEST_COMMANDS and kind != "request":
+            bad.append(("enable/LCD must go with response", data.hex(), kind))
+        elif not (commands <= COMMAND_COMMANDS or commands <= REQUEST_COMMANDS):
+            bad.append(("write types mixed in one write", data.hex()))
+        elif len(data) > 20 and kind == "command":
+            bad.append(("a write without response longer than 20 bytes (the default ATT MTU)", data.hex()))
+    check(not bad, "every write is whole frames with the app's write type (without response: SERVO_VAL, PWM_VAL, SWITCH_VAL; with: the rest)", bad)
+    enables = [d for d, _ in browser_writes if d[0] == 0x01]
+    check(enables[:8] == [bytes([1, 2, c, 1]) for c in range(8)] and enables[-8:] == [bytes([1, 2, c, 0]) for c in range(8)],
+          "ANALOG_OUT_EN 0–7 on connect and off before disconnecting, one write each", [e.hex() for e in enables])
+    servo = [d for d, _ in browser_writes if d[0] == 0x02]
+    check(servo and all(len(d) == 20 and [f[2] for f in frames(d)] == [0, 1, 2, 3] for d in servo),
+          "each SERVO_VAL write carries all four servo values (the app resends its kind), 20 bytes")
+    check(servo and servo[-1] == bytes.fromhex("02030000640203010190020302 02BC020303 03E8".replace(" ", "")),
+          "the last SERVO_VAL write: 100, 400, 700, 1000", servo[-1].hex() if servo else None)
+    pwm = [d for d, _ in browser_writes if d[0] == 0x03]
+    check(pwm and pwm[-1] == bytes.fromhex("03030400FA030305 01F4030306 03E8030307FE0C".replace(" ", "")),
+          "the last PWM_VAL write: 250, 500, 1000, -500 (FE 0C)", pwm[-1].hex() if pwm else None)
+    # A click while an earlier write is in flight rides in the next write.
+    switches = [d for d, _ in browser_writes if d[0] == 0x06]
+    check([f for d in switches for f in frames(d)] == [bytes([6, 2, 0, 1]), bytes([6, 2, 2, 1]), bytes([6, 2, 3, 1])],
+          "SWITCH_VAL: each clicked switch's frame sent once (a click during a write rides in the next)", [s.hex() for s in switches])
+    lcd = [d for d, _ in browser_writes if d[0] in (0x04, 0x05)]
+    check(lcd[:2] == [bytes([4, 12, 0]) + b"BLEControl" + b"\0", bytes([4, 10, 1]) + b"Demo app" + b"\0"] and lcd[-1] == bytes([5, 0]),
+          "LCD_TEXT for both lines (length = bytes + 2, ending 00) and LCD_CLEAR", [d.hex() for d in lcd])
+
+
+def chooser_opens(browser, page):
+    """Connect opens the chooser (requestDevice passed every security
+    check); cancelled, the page says no board was chosen."""
+    since = len(browser.history)
+    page.click("#connect")
+    prompt = browser.wait_event(lambda e: e.get("method") == "DeviceAccess.deviceRequestPrompted", 20, since)
+    if prompt is None:
+        return "no chooser: " + str(page.eval("document.getElementById('status').textContent"))
+    page.send("DeviceAccess.cancelPrompt", {"id": prompt["params"]["id"]})
+    return page.wait("document.getElementById('status').textContent === 'No board chosen'", 10) or page.eval("document.getElementById('status').textContent")
+
+
+def origins(browser, page):
+    """Which origins get Web Bluetooth: what the README tells phone users."""
+    page.viewport(390, 844, True)
+    page.navigate(INSECURE)
+    insecure = page.eval("[window.isSecureContext, 'bluetooth' in navigator, !document.querySelector('[data-reason=secure]').hidden, document.getElementById('connect').disabled]")
+    check(insecure == [False, False, True, True], "plain http:// from another host name: no secure context, no navigator.bluetooth; the page says why", insecure)
+    page.screenshot("phone-insecure.png")
+
+    page.navigate(TRUSTED)
+    trusted = page.eval("[window.isSecureContext, 'bluetooth' in navigator, document.body.dataset.state]")
+    check(trusted == [True, True, "disconnected"], "the same page from an origin listed as trustworthy (--unsafely-treat-insecure-origin-as-secure): Web Bluetooth available", trusted)
+    opened = chooser_opens(browser, page)
+    check(opened is True, "…and Connect opens the chooser there", opened)
+
+    page.send("Page.navigate", {"url": SELF_SIGNED})
+    interstitial = page.wait("!!document.getElementById('proceed-link')", 20)
+    check(interstitial, "https:// through a proxy with a self-signed certificate: the browser warns first")
+    if interstitial:
+        # What a person does on the warning: Advanced, then Proceed.
+        page.eval("document.getElementById('proceed-link').click()")
+        page.wait("location.protocol === 'https:' && !!document.body && !!document.body.dataset.state && document.body.dataset.state !== 'loading'", 20)
+        proceeded = page.eval("[location.protocol, window.isSecureContext, 'bluetooth' in navigator, document.body.dataset.state]")
+        check(proceeded == ["https:", True, True, "disconnected"], "…past the warning the page is a secure context with Web Bluetooth", proceeded)
+        opened = chooser_opens(browser, page)
+        check(opened is True, "…and Connect opens the chooser there", opened)
+
+    page.navigate("file://" + os.path.join(os.path.abspath(WEB_DIR), "index.html"))
+    local = page.eval("[window.isSecureContext, 'bluetooth' in navigator, document.body.dataset.state]")
+    check(local == [True, True, "disconnected"], "the page opened as a local file (file://): its scripts run and Web Bluetooth is available", local)
+    opened = chooser_opens(browser, page)
+    check(opened is True, "…and Connect opens the chooser there", opened)
+
+
+def main():
+    try:
+        browser, page = launch()
+    except Exception as error:  # noqa: BLE001 - a browser that does not start is a failure, not a traceback
+        check(False, "Chromium starts with the DevTools pipe", repr(error))
+        return 1
+
+    def stopped(number, frame):
+        # The run script's hang guard: take the browser down with us.
+        browser.process.kill()
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        session(browser, page)
+        browser.pump()
+        found = problems(browser)
+        check(not found, "no script errors, failed loads or CSP violations while the page ran", found)
+        origins(browser, page)
+    except Exception as error:  # noqa: BLE001
+        check(False, "the browser session ran to the end", repr(error))
+        browser.pump()
+        print("page log:", file=sys.stderr)
+        try:
+            print(page.eval("document.getElementById('log').innerText"), file=sys.stderr)
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        browser.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+// The control page: the original demo app's screen (4 servo sliders, 4 PWM
+// sliders, 4 switches, 2 LCD lines) over Web Bluetooth, with the app's
+// write types and a log of every byte sent and every ERROR received.
+(function () {
+  'use strict';
+
+  const P = window.BLEControlProtocol;
+  const SERVICE = 0xFFE0;
+  const CHARACTERISTIC = 0xFFE1;
+  const SERVO_CHANNELS = [0, 1, 2, 3];
+  const PWM_CHANNELS = [4, 5, 6, 7];
+  const ANALOG_CHANNELS = SERVO_CHANNELS.concat(PWM_CHANNELS);
+  const SWITCHES = [0, 1, 2, 3];
+  const LOG_LIMIT = 300;
+
+  const $ = (id) => document.getElementById(id);
+
+  // What the controls show; writes are built from this when their turn
+  // comes, so a write always carries the latest values.
+  const state = {
+    servo: SERVO_CHANNELS.map(() => 500),
+    pwm: PWM_CHANNELS.map(() => 0),
+    switches: SWITCHES.map(() => false),
+    dirtySwitches: new Set(),
+    lcd: ['', ''],
+  };
+
+  let device = null;
+  let leaving = false;
+  const decoder = new P.ReplyDecoder();
+
+  // ---------------------------------------------------------------- log
+
+  const logList = $('log');
+
+  function clock() {
+    const now = new Date();
+    const two = (n) => String(n).padStart(2, '0');
+    return two(now.getHours()) + ':' + two(now.getMinutes()) + ':' + two(now.getSeconds()) + '.' + String(now.getMilliseconds()).padStart(3, '0');
+  }
+
+  /** One log line: kind is tx (bytes sent), rx (bytes received), error or info. */
+  function log(kind, text, bytes, attributes) {
+    const item = document.createElement('li');
+    item.className = kind;
+    const time = document.createElement('time');
+    time.textContent = clock();
+    item.append(time);
+    if (bytes) {
+      const code = document.createElement('code');
+      code.textContent = (kind === 'tx' ? '→ ' : '← ') + P.hex(bytes);
+      item.append(' ', code);
+      item.dataset.bytes = P.hex(bytes);
+    }
+    const what = document.createElement('span');
+    what.textContent = text;
+    item.append(' ', what);
+    Object.assign(item.dataset, attributes || {});
+    // Newest last, as a terminal would; keep the view pinned to the end
+    // unless the reader scrolled back.
+    const pinned = logList.scrollTop + logList.clientHeight >= logList.scrollHeight - 8;
+    logList.append(item);
+    while (logList.childElementCount > LOG_LIMIT) logList.firstElementChild.remove();
+    if (pinned) logList.scrollTop = logList.scrollHeight;
+  }
+
+  /**
+   * Says something to the status line (announced to screen readers); a
+   * board's name, if given, is kept on one line.
+   */
+  function announce(text, name) {
+    const status = $('status');
+    status.textContent = text;
+    if (name) {
+      const span = document.createElement('span');
+      span.className = 'name';
+      span.textContent = name;
+      status.append(span);
+    }
+  }
+
+  /** Shows what the board refused until dismissed (announced at once). */
+  function alertUser(text) {
+    $('alert-text').textContent = text;
+    $('alert').hidden = false;
+  }
+
+  $('alert-dismiss').addEventListener('click', () => {
+    $('alert').hidden = true;
+  });
+
+  // -------------------------------------------------------------- writes
+
+  /**
+   * Every write goes through one queue, one at a time: Android and other
+   * platforms refuse a second GATT operation while one is in progress. A
+   * coalescing entry (a slider kind, a switch set, an LCD line) is queued at
+   * most once and builds its bytes only when its turn comes: a slider dragged
+   * while its previous write is in flight sends one more write with the
+   * latest values, not one per movement.
+   */
+  class Writer {
+    constructor() {
+      this.characteristic = null;
+      this.queue = [];
+      this.busy = false;
+      // A board with ble.acknowledged_writes offers no write without
+      // response; everything then goes with response.
+      this.withoutResponse = true;
+    }
+
+    attach(characteristic) {
+      this.characteristic = characteristic;
+      this.withoutResponse = characteristic.properties.writeWithoutResponse;
+      this.queue = [];
+    }
+
+    detach() {
+      this.characteristic = null;
+      for (const entry of this.queue) entry.reject(new Error('disconnected'));
+      this.queue = [];
+    }
+
+    /** Queues `build` under `key` unless that key is already waiting. */
+    coalesce(key, build, response) {
+      if (!this.characteristic || this.queue.some((entry) => entry.key === key)) return;
+      this.push({ key, build, response }).catch(() => {});
+    }
+
+    /** Queues one write of its own; resolves once it is written. */
+    send(bytes, response, note) {
+      if (!this.characteristic) return Promise.reject(new Error('not connected'));
+      return this.push({ key: null, build: () => ({ bytes, note }), response });
+    }
+
+    push(entry) {
+      return new Promise((resolve, reject) => {
+        entry.resolve = resolve;
+        entry.reject = reject;
+        this.queue.push(entry);
+        this.pump();
+      });
+    }
+
+    async pump() {
+      if (this.busy) return;
+      this.busy = true;
+      try {
+        while (this.queue.length && this.characteristic) {
+          const entry = this.queue.shift();
+          const built = entry.build();
+          if (!built || !built.bytes.length) {
+            entry.resolve();
+            continue;
+          }
+          const response = entry.response || !this.withoutResponse;
+          const data = new Uint8Array(built.bytes);
+          log('tx', built.note + (response ? ' · with response' : ' · without response'), built.bytes, { type: response ? 'request' : 'command' });
+          try {
+            if (response) await this.characteristic.writeValueWithResponse(data);
+            else await this.characteristic.writeValueWithoutResponse(data);
+            entry.resolve();
+          } catch (error) {
+            log('error', 'write failed: ' + error.message);
+            entry.reject(error);
+          }
+        }
+      } finally {
+        this.busy = false;
+      }
+    }
+  }
+
+  const writer = new Writer();
+
+  // The demo app sends every value of a kind again whenever one changes;
+  // four frames of 5 bytes are 20, exactly one write at the default ATT MTU.
+  function requestServos() {
+    writer.coalesce('servo', () => ({
+      bytes: SERVO_CHANNELS.flatMap((channel, i) => P.servo(channel, state.servo[i])),
+      note: 'SERVO_VAL 0–3 = ' + state.servo.join(', '),
+    }), false);
+  }
+
+  function requestPWM() {
+    writer.coalesce('pwm', () => ({
+      bytes: PWM_CHANNELS.flatMap((channel, i) => P.pwm(channel, state.pwm[i])),
+      note: 'PWM_VAL 4–7 = ' + state.pwm.join(', '),
+    }), false);
+  }
+
+  function requestSwitches() {
+    writer.coalesce('switch', () => {
+      const changed = Array.from(state.dirtySwitches).sort((a, b) => a - b);
+      state.dirtySwitches.clear();
+      return {
+        bytes: changed.flatMap((index) => P.switchValue(index, state.switches[index])),
+        note: changed.map((index) => 'SWITCH_VAL ' + index + ' ' + (state.switches[index] ? 'on' : 'off')).join(', '),
+      };
+    }, false);
+  }
+
+  function requestLine(line) {
+    writer.coalesce('lcd' + line, () => ({
+      bytes: P.lcdText(line, state.lcd[line]),
+      note: 'LCD_TEXT line ' + line + ' "' + P.displayText(state.lcd[line]) + '"',
+    }), true);
+  }
+
+  /** ANALOG_OUT_EN for channels 0–7, one write with response each, as the app does. */
+  function setOutputs(on) {
+    return Promise.all(ANALOG_CHANNELS.map((channel) =>
+      writer.send(P.enable(channel, on), true, 'ANALOG_OUT_EN ' + channel + ' ' + (on ? 'on' : 'off'))));
+  }
+
+  // ---------------------------------------------------------- controls
+
+  function servoText(value) {
+    return (1000 + value) + ' µs';
+  }
+
+  function pwmText(value) {
+    if (value >= 0) return (value / 10).toFixed(1) + ' %';
+    // The app's Int16: the board reads a negative value as above 1000.
+    return value + ' → ' + (value & 0xFFFF) + ': 100 %';
+  }
+
+  function bindSliders(kind, channels, values, text, request) {
+    channels.forEach((channel, i) => {
+      const input = $(kind + channel);
+      const output = $(kind + channel + '-value');
+      const show = () => {
+        output.textContent = text(values[i]);
+        input.setAttribute('aria-valuetext', text(values[i]));
+      };
+      input.value = String(values[i]);
+      show();
+      input.addEventListener('input', () => {
+        values[i] = Number(input.value);
+        show();
+        request();
+      });
+    });
+  }
+
+  bindSliders('servo', SERVO_CHANNELS, state.servo, servoText, requestServos);
+  bindSliders('pwm', PWM_CHANNELS, state.pwm, pwmText, requestPWM);
+
+  SWITCHES.forEach((index) => {
+    const input = $('switch' + index);
+    input.checked = state.switches[index];
+    input.addEventListener('change', () => {
+      state.switches[index] = input.checked;
+      state.dirtySwitches.add(index);
+      requestSwitches();
+    });
+  });
+
+  [0, 1].forEach((line) => {
+    $('lcd' + line + '-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      state.lcd[line] = $('lcd' + line).value;
+      requestLine(line);
+    });
+  });
+
+  $('clear').addEventListener('click', () => {
+    writer.send(P.lcdClear(), true, 'LCD_CLEAR').catch(() => {});
+  });
+
+  $('outputs').addEventListener('change', (event) => {
+    setOutputs(event.target.checked).catch(() => {});
+  });
+
+  $('clear-log').addEventListener('click', () => {
+    logList.replaceChildren();
+  });
+
+  // ---------------------------------------------------------- connection
+
+  const connectButton = $('connect');
+
+  function setState(name, text, boardName) {
+    document.body.dataset.state = name;
+    const connected = name === 'connected';
+    for (const fieldset of document.querySelectorAll('fieldset.needs-board')) fieldset.disabled = !connected;
+    connectButton.textContent = connected ? 'Disconnect' : name === 'connecting' ? 'Connecting…' : 'Connect';
+    connectButton.disabled = name === 'connecting' || name === 'unsupported';
+    if (text) announce(text, boardName);
+  }
+
+  function onNotification(event) {
+    const view = event.target.value;
+    const bytes = Array.from(new Uint8Array(view.buffer, view.byteOffset, view.byteLength));
+    for (const frame of decoder.push(bytes)) {
+      const text = P.describeReply(frame);
+      const isError = frame.command === P.Command.ERROR;
+      log(isError ? 'rx error' : 'rx', text, frame.bytes, isError ? { refused: P.commandName(frame.data[0]) } : {});
+      if (isError) alertUser(text);
+    }
+  }
+
+  function onDisconnected() {
+    writer.detach();
+    $('alert').hidden = true;
+    $('board').textContent = '';
+    decoder.reset();
+    log('info', leaving ? 'disconnected' : 'the board went away');
+    setState('disconnected', leaving ? 'Not connected' : 'Connection lost: ' + (device ? device.name : 'the board') + ' went away');
+    leaving = false;
+  }
+
+  async function readDeviceInformation(server) {
+    // The board names itself here (model = the board's name, firmware
+    // revision); optional, and nothing depends on it.
+    try {
+      const service = await server.getPrimaryService('device_information');
+      const decode = async (uuid) => new TextDecoder().decode(await (await service.getCharacteristic(uuid)).readValue());
+      const model = await decode('model_number_string');
+      const firmware = await decode('firmware_revision_string').catch(() => '');
+      $('board').textContent = model + (firmware ? ' · firmware ' + firmware : '');
+    } catch (error) {
+      $('board').textContent = '';
+    }
+  }
+
+  async function connect() {
+    setState('connecting', 'Choose the board in the browser’s list…');
+    let chosen;
+    try {
+      chosen = await navigator.bluetooth.requestDevice({
+        filters: [{ services: [SERVICE] }],
+        optionalServices: [SERVICE, 'device_information'],
+      });
+    } catch (error) {
+      setState('disconnected', error.name === 'NotFoundError' ? 'No board chosen' : 'Cannot scan: ' + error.message);
+      return;
+    }
+    if (device && device !== chosen) device.removeEventListener('gattserverdisconnected', onDisconnected);
+    device = chosen;
+    device.removeEventListener('gattserverdisconnected', onDisconnected);
+    device.addEventListener('gattserverdisconnected', onDisconnected);
+    const name = device.name || 'the board';
+    setState('connecting', 'Connecting to ' + name + '…');
+    try {
+      const server = await device.gatt.connect();
+      const service = await server.getPrimaryService(SERVICE);
+      const characteristic = await service.getCharacteristic(CHARACTERISTIC);
+      decoder.reset();
+      if (characteristic.properties.notify) {
+        characteristic.removeEventListener('characteristicvaluechanged', onNotification);
+        characteristic.addEventListener('characteristicvaluechanged', onNotification);
+        await characteristic.startNotifications();
+      }
+      writer.attach(characteristic);
+      log('info', 'connected to ' + name);
+      if (!writer.withoutResponse) {
+        log('info', 'this board acknowledges every write (ble.acknowledged_writes): servo, PWM and switch values go with response');
+      }
+      // The app starts every analog output when its control screen opens.
+      await setOutputs(true);
+      $('outputs').checked = true;
+      setState('connected', 'Connected to ', name);
+      readDeviceInformation(server);
+    } catch (error) {
+      log('error', 'connecting failed: ' + error.message);
+      writer.detach();
+      // Quietly: this failure, not "connection lost", is the news.
+      device.removeEventListener('gattserverdisconnected', onDisconnected);
+      if (device.gatt.connected) device.gatt.disconnect();
+      setState('disconnected', 'Could not connect to ' + name + ': ' + error.message);
+    }
+  }
+
+  async function disconnect() {
+    leaving = true;
+    setState('connecting', 'Stopping the outputs…');
+    // As the app does when its control screen closes: every channel stopped
+    // before the link goes.
+    try {
+      await setOutputs(false);
+      $('outputs').checked = false;
+    } catch (error) {
+      // Disconnect anyway; the board's failsafe covers the outputs.
+    }
+    if (device && device.gatt.connected) device.gatt.disconnect();
+    else onDisconnected();
+  }
+
+  connectButton.addEventListener('click', () => {
+    if (document.body.dataset.state === 'connected') disconnect();
+    else connect();
+  });
+
+  // ---------------------------------------------------------- support
+
+  async function checkSupport() {
+    const notice = $('unsupported');
+    let reason = null;
+    if (!window.isSecureContext) {
+      reason = 'secure';
+    } else if (!navigator.bluetooth) {
+      reason = 'api';
+    } else {
+      try {
+        if (!(await navigator.bluetooth.getAvailability())) reason = 'adapter';
+      } catch (error) {
+        reason = 'adapter';
+      }
+    }
+    if (!reason) {
+      setState('disconnected', 'Not connected');
+      return;
+    }
+    for (const part of notice.querySelectorAll('[data-reason]')) part.hidden = part.dataset.reason !== reason;
+    notice.hidden = false;
+    setState('unsupported', 'Bluetooth is not available on this page');
+  }
+
+  checkSupport();
+})();
