@@ -75,7 +75,7 @@ let package = Package(
         ]),
         // The Linux backends of the bus and pin protocols.
         .target(name: "LinuxHardware", dependencies: [
-            "Hardware", "CLinuxI2C", "CGPIOD", "Reactor",
+            "Hardware", "CLinuxI2C", "CGPIOD", "CReactor", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "Devices", dependencies: [
@@ -116,7 +116,7 @@ let package = Package(
         // Interposes malloc to count allocations; linked into the benchmark only.
         .target(name: "CAllocationCounter"),
         .executableTarget(name: "blecontrol-bench", dependencies: [
-            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "TestSupport", "CAllocationCounter",
+            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "TestSupport", "CAllocationCounter",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),

@@ -21,6 +21,8 @@ public struct BoardConfiguration: Sendable, Equatable {
     public var ble: BLEConfiguration
     /// The TCP transport, nil when disabled.
     public var tcp: TCPConfiguration?
+    /// The HM-10 serial transport, nil when there is none.
+    public var serial: SerialConfiguration? = nil
     /// Where the control socket for `blecontrol` listens.
     public var controlSocketPath: String
     /// A partial frame older than this is discarded (docs/protocol.md); nil: never.
@@ -240,6 +242,28 @@ public struct BLEConfiguration: Sendable, Equatable {
         self.powerOn = powerOn
         self.allow = allow
         self.acquireWrite = acquireWrite
+    }
+}
+
+/// The serial transport: an HM-10 BLE module on a UART, as on the
+/// original board (docs/protocol.md, "The HM-10 link").
+public struct SerialConfiguration: Sendable, Equatable {
+    /// The tty, e.g. `/dev/serial0` (a Pi's header UART) or `/dev/ttyUSB0`.
+    public var device: String
+    /// The module's rate (an HM-10 ships at 9600); 8N1, no flow control.
+    public var baud: Int
+    /// Set the module up at start with AT commands (connection
+    /// notifications on, the name); off for a module already set up, or
+    /// one that is not an HM-10.
+    public var atSetup: Bool
+    /// The name the module advertises (AT+NAME; at most 12 characters).
+    public var name: String?
+
+    public init(device: String, baud: Int = 9600, atSetup: Bool = true, name: String? = nil) {
+        self.device = device
+        self.baud = baud
+        self.atSetup = atSetup
+        self.name = name
     }
 }
 

@@ -20,7 +20,9 @@ extension BoardReader {
         let led = top.entries["led"].flatMap(statusLED)
         let switches = top.entries["switches"].map { switchList($0, servo: servo, led: led) } ?? []
         let ble = bluetooth(top.entries["ble"])
-        let tcp = tcpTransport(top.entries["transports"])
+        let transports = top.entries["transports"].flatMap { mapping($0, "transports", allowed: ["tcp", "serial"]) }
+        let tcp = tcpTransport(transports)
+        let serial = serialTransport(transports)
         var controlSocket = "/run/blecontrol/control.sock"
         if let node = top.entries["control"], let fields = mapping(node, "control", allowed: ["socket"]) {
             controlSocket = string(fields, "socket", default: controlSocket) ?? controlSocket
@@ -53,6 +55,7 @@ extension BoardReader {
             sourcePath: path
         )
         configuration.switches = switches
+        configuration.serial = serial
         return configuration
     }
 
@@ -433,9 +436,26 @@ extension BoardReader {
         return ble
     }
 
-    private func tcpTransport(_ node: Node?) -> TCPConfiguration? {
-        guard let node, let fields = mapping(node, "transports", allowed: ["tcp"]) else { return nil }
-        guard let tcpNode = fields.entries["tcp"], let tcp = mapping(tcpNode, "transports.tcp", allowed: ["enabled", "listen", "max_connections"]) else { return nil }
+    private func serialTransport(_ fields: Fields?) -> SerialConfiguration? {
+        guard let serialNode = fields?.entries["serial"],
+              let serial = mapping(serialNode, "transports.serial", allowed: ["enabled", "device", "baud", "at_setup", "name"]) else { return nil }
+        guard bool(serial, "enabled", default: true) else { return nil }
+        guard let device = string(serial, "device", required: true) else { return nil }
+        if !device.hasPrefix("/dev/") { fail(serial.entries["device"], "transports.serial.device", "must be a device path such as /dev/serial0 or /dev/ttyUSB0") }
+        // The rates an HM-10 can be set to (AT+BAUD0…8).
+        let rates = [1200, 2400, 4800, 9600, 19200, 38400, 57600, 115_200, 230_400]
+        let baud = choice(serial, "baud", Dictionary(uniqueKeysWithValues: rates.map { (String($0), $0) }), default: 9600)
+        let name = string(serial, "name")
+        // The HM-10 takes names of up to 12 characters (AT+NAME), printable ASCII.
+        if let name, name.count > 12 || !name.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+            fail(serial.entries["name"], "transports.serial.name", "\"\(name)\" is not an HM-10 name: 1 to 12 printable ASCII characters, no spaces")
+        }
+        guard let baud else { return nil }
+        return SerialConfiguration(device: device, baud: baud, atSetup: bool(serial, "at_setup", default: true), name: name)
+    }
+
+    private func tcpTransport(_ fields: Fields?) -> TCPConfiguration? {
+        guard let tcpNode = fields?.entries["tcp"], let tcp = mapping(tcpNode, "transports.tcp", allowed: ["enabled", "listen", "max_connections"]) else { return nil }
         guard bool(tcp, "enabled", default: true) else { return nil }
         guard let listen = string(tcp, "listen", default: "127.0.0.1:7171") else { return nil }
         guard var endpoint = TCPConfiguration(endpoint: listen) else {

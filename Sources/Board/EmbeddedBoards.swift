@@ -116,6 +116,13 @@ transports:
   tcp:
     enabled: true
     listen: 127.0.0.1:7171      # loopback only: anything that connects can drive the outputs
+  # An HM-10 BLE module on a UART, as on the original board (docs/protocol.md,
+  # "The HM-10 link"); a Pi's header UART needs enable_uart=1 in config.txt:
+  # serial:
+  #   device: /dev/serial0        # or /dev/ttyUSB0 for a USB adapter
+  #   baud: 9600                  # the module's rate (1200…230400); 8N1
+  #   at_setup: true              # AT, AT+NOTI1 (connection notices), AT+NAME
+  #   name: BLEControl            # AT+NAME: up to 12 characters
 
 control:
   socket: /tmp/blecontrol-simulator.sock

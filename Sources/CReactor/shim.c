@@ -2,6 +2,8 @@
 #include "CReactor.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -58,6 +60,18 @@ void creactor_set_thread_name(const char *name) {
     strncpy(cut, name, sizeof cut - 1);
     cut[sizeof cut - 1] = 0;
     pthread_setname_np(pthread_self(), cut);
+}
+
+int creactor_open_pty(char *name, size_t length) {
+    int fd = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (grantpt(fd) != 0 || unlockpt(fd) != 0 || ptsname_r(fd, name, length) != 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
 }
 
 int creactor_pin_to_current_cpu(void) {

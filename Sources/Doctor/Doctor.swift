@@ -18,7 +18,7 @@ public struct DoctorOptions: Sendable {
     /// The user the systemd unit runs blecontrold as.
     public static let serviceUser = "blecontrol"
     /// The groups the unit gives that user (SupplementaryGroups=).
-    public static let serviceGroups = ["i2c", "gpio", "bluetooth"]
+    public static let serviceGroups = ["i2c", "gpio", "bluetooth", "dialout"]
 
     /// The board file; nil: ``installedBoardPath`` if it exists, else the
     /// built-in simulator board.
@@ -86,6 +86,7 @@ public enum Doctor {
         if let configuration = context.configuration {
             sections.append(context.checkI2C(configuration))
             sections.append(context.checkLED(configuration))
+            if let serial = configuration.serial { sections.append(context.checkSerial(serial)) }
         }
         sections.append(context.checkService())
         sections.append(context.checkBluetooth())
@@ -385,6 +386,69 @@ private struct Context {
         case .invalidArguments, .system:
             return DoctorFinding(.fail, subject, error.description, fix: "`gpioinfo` shows the chip's lines and who holds them")
         }
+    }
+
+    // MARK: Serial (an HM-10 on a UART)
+
+    func checkSerial(_ serial: SerialConfiguration) -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        let subject = "UART \(serial.device)"
+        // /dev/serial0 is a link to the UART the Pi's firmware chose for the
+        // header (ttyS0, the mini UART, or ttyAMA0, the PL011).
+        let resolved = Doctor.linkTarget(system.path(serial.device)).map { $0.split(separator: "/").last.map(String.init) ?? $0 }
+            ?? (serial.device.split(separator: "/").last.map(String.init) ?? serial.device)
+        if !system.exists(serial.device) {
+            findings.append(DoctorFinding(
+                .fail, subject, "does not exist",
+                fix: system.raspberryPiModel() != nil
+                    ? "add `enable_uart=1` to config.txt (or `sudo raspi-config nonint do_serial_hw 0`) and reboot"
+                    : "plug in the USB serial adapter, or set transports.serial.device to the port `ls /dev/tty{S,USB,ACM}*` shows"
+            ))
+        } else {
+            var line = "\(serial.device)\(resolved != serial.device.split(separator: "/").last.map(String.init) ? " → \(resolved)" : ""), \(serial.baud) baud 8N1"
+            if let node = SystemInspector.node(at: system.path(serial.device)) {
+                line += " (\(node.description))"
+                if let account, !node.readWritable(uid: account.uid, groups: serviceGroupIDs) {
+                    findings.append(DoctorFinding(
+                        .fail, subject, "not readable and writable by user \(account.name)",
+                        fix: "the service user needs group dialout: `sudo systemd-sysusers blecontrol.conf`"
+                    ))
+                }
+            }
+            findings.insert(DoctorFinding(.ok, subject, line), at: 0)
+        }
+        if let config = system.configTxtPath(), system.raspberryPiModel() != nil {
+            let settings = system.configTxtSettings(config)
+            if !settings.contains("enable_uart=1") {
+                findings.append(DoctorFinding(
+                    .fail, "config.txt", "\(config) does not enable the header UART",
+                    fix: "add `enable_uart=1` to \(config) (or `sudo raspi-config nonint do_serial_hw 0`) and reboot"
+                ))
+            }
+            // On Pis with onboard Bluetooth the PL011 (ttyAMA0) is the
+            // Bluetooth chip's unless an overlay moves it.
+            let bluetoothMoved = settings.contains { $0.hasPrefix("dtoverlay=disable-bt") || $0.hasPrefix("dtoverlay=miniuart-bt") }
+            if resolved == "ttyAMA0", !bluetoothMoved, !system.bluetoothAdapters().isEmpty {
+                findings.append(DoctorFinding(
+                    .warn, subject, "ttyAMA0 carries the onboard Bluetooth on this Pi",
+                    fix: "use /dev/serial0, or add `dtoverlay=disable-bt` (or miniuart-bt) to \(config) and reboot"
+                ))
+            }
+        }
+        let consoles = (system.read("/proc/cmdline") ?? "").split(separator: " ").compactMap { word -> String? in
+            guard word.hasPrefix("console=") else { return nil }
+            return String(word.dropFirst("console=".count).split(separator: ",").first ?? "")
+        }
+        let deviceName = serial.device.split(separator: "/").last.map(String.init) ?? serial.device
+        if let console = consoles.first(where: { $0 == deviceName || $0 == resolved || ($0 == "serial0" && serial.device == "/dev/serial0") }) {
+            findings.append(DoctorFinding(
+                .fail, subject, "the kernel's console is on it (console=\(console) in the kernel command line): its output would reach the module",
+                fix: "remove `console=\(console),115200` from cmdline.txt (`sudo raspi-config nonint do_serial_cons 1`) and reboot"
+            ))
+        } else {
+            findings.append(DoctorFinding(.ok, "console", "not on \(deviceName)"))
+        }
+        return DoctorSection(title: "Serial", findings: findings)
     }
 
     // MARK: Service

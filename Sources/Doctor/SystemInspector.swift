@@ -90,12 +90,20 @@ public struct SystemInspector: Sendable {
         ["/boot/firmware/config.txt", "/boot/config.txt"].first { exists($0) }
     }
 
+    /// config.txt's active settings: each line without its comment and
+    /// spaces (`dtparam=i2c_arm=on`), empty lines left out.
+    public func configTxtSettings(_ configPath: String) -> [String] {
+        guard let text = read(configPath) else { return [] }
+        return text.split(separator: "\n").compactMap { line in
+            let setting = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""
+            let compact = String(setting.filter { $0 != " " && $0 != "\t" && $0 != "\r" })
+            return compact.isEmpty ? nil : compact
+        }
+    }
+
     /// Whether config.txt has an active line enabling the header's I2C bus.
     public func configTxtEnablesI2C(_ configPath: String) -> Bool {
-        guard let text = read(configPath) else { return false }
-        return text.split(separator: "\n").contains { line in
-            let setting = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? ""
-            let compact = String(setting.filter { $0 != " " })
+        configTxtSettings(configPath).contains { compact in
             // dtparam=i2c_arm=on, also as dtparam=i2c=on or in a list
             // (dtparam=audio=on,i2c_arm=on).
             guard compact.hasPrefix("dtparam=") else { return false }

@@ -5,6 +5,7 @@ import Board
 import Firmware
 import Foundation
 import Hardware
+import LinuxHardware
 import CAllocationCounter
 import Logging
 import TestSupport
@@ -253,6 +254,50 @@ func benchmarkTwoChips() throws {
     }
 }
 
+// MARK: The HM-10 serial transport (issue #15)
+
+/// SERVO_VAL frames from an emulated HM-10 whose UART delivers one byte per
+/// byte time (10 bits at the baud rate) into the simulator board's serial
+/// transport on a pseudo-terminal: how many frames a second the board
+/// applies, beside what the line can carry.
+func benchmarkSerial() throws {
+    print("HM-10 serial transport (emulated module, bytes paced at the line rate, pseudo-terminal, instant emulated bus):")
+    for baud in [9600, 115_200] {
+        let pty = try PseudoTerminal()
+        let module = HM10Emulator(master: pty.master, answersAT: true, baud: baud)
+        defer {
+            module.stop()
+            pty.close()
+        }
+        let yaml = EmbeddedBoards.simulator
+            .replacingOccurrences(of: "name: simulator", with: "name: bench-serial-\(baud)")
+            .replacingOccurrences(of: "byte_time_us: 90 ", with: "byte_time_us: 0 ")
+            .replacingOccurrences(of: "transports:\n", with: "transports:\n  serial: { device: \(pty.slavePath), baud: \(baud) }\n")
+        let runtime = try startBoard(yaml: yaml)
+        defer { runtime.stop() }
+        _ = spin(until: .now + .seconds(10)) { (try? runtime.status().transports.serial)?.contains("no central") == true }
+        module.connect()
+        var enable: [UInt8] = []
+        for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
+        module.centralWrites(enable)
+        // Two seconds of line time, whatever the rate.
+        let frameBytes = 5
+        let lineRate = Double(baud) / 10 / Double(frameBytes)
+        let count = Int(lineRate * 2)
+        var stream: [UInt8] = []
+        for index in 0..<count {
+            FrameEncoder.encode(.servo(channel: UInt8(index % 4), value: UInt16(index % 1000)), into: &stream)
+        }
+        let before = try runtime.status().counters.frames
+        let started = ContinuousClock.now
+        module.centralWrites(stream)
+        _ = spin(until: .now + .seconds(30)) { ((try? runtime.status().counters.frames) ?? 0) - before >= count }
+        let elapsed = started.duration(to: .now).inSeconds
+        let applied = try runtime.status().counters.frames - before
+        print("  \(String(baud).padding(toLength: 6, withPad: " ", startingAt: 0)) baud: \(applied) of \(count) frames in \(format(elapsed, 2)) s = \(format(Double(applied) / elapsed, 0)) frames/s; the line carries \(format(lineRate, 0)) frames/s (\(format(Double(applied) / elapsed / lineRate * 100, 0)) %)")
+    }
+}
+
 // MARK: Servo dispatch (issue #5)
 
 /// A bus that accepts everything instantly: what is left is the servo
@@ -382,9 +427,13 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon"].contains(section) else {
+guard ["all", "foundation", "servo", "daemon", "serial"].contains(section) else {
     print("usage: blecontrol-bench [all|foundation|servo] [frames] | daemon DAEMON [BASELINE-DAEMON]")
     exit(2)
+}
+if section == "serial" {
+    do { try benchmarkSerial() } catch { print("benchmark failed: \(error)"); exit(1) }
+    exit(0)
 }
 if section == "daemon" {
     let daemonArguments = Array(arguments.dropFirst())
@@ -409,6 +458,8 @@ do {
         try benchmarkLatency(frames: frames)
         print("")
         try benchmarkWritesPerFlush()
+        print("")
+        try benchmarkSerial()
         print("")
     }
     if section != "foundation" {

@@ -126,6 +126,26 @@ struct BoardFileTests {
         #expect(problems(minimal + "\nservo:\n  chips: []\n  channels: []\n").contains { $0.field == "servo.chips" })
     }
 
+    @Test("transports.serial: the HM-10's device, baud, AT set-up and name; bad values named with their line")
+    func serialTransport() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        transports:
+          serial: { device: /dev/serial0, name: BLEControl }
+        """, path: "t.yaml")
+        #expect(board.serial == SerialConfiguration(device: "/dev/serial0", baud: 9600, atSetup: true, name: "BLEControl"))
+        #expect(board.tcp == nil)
+        let off = try BoardFile.parse(minimal + "\ntransports:\n  serial: { enabled: false, device: /dev/ttyUSB0 }\n", path: "t.yaml")
+        #expect(off.serial == nil)
+        let bad = problems(minimal + """
+
+        transports:
+          serial: { device: ttyS0, baud: 9601, name: "far too long a name", parity: even }
+        """)
+        #expect(bad.map(\.field).sorted() == ["transports.serial.baud", "transports.serial.device", "transports.serial.name", "transports.serial.parity"], "\(bad)")
+        #expect(bad.allSatisfy { $0.line == 6 }, "\(bad)")
+    }
+
     @Test("switches: GPIO lines, chip outputs or emulated; clashes and bad entries are named with their line")
     func switches() throws {
         let board = try BoardFile.parse(minimal + """

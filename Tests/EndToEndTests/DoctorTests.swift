@@ -166,6 +166,36 @@ struct DoctorTests {
         #expect(level(of: line) == "OK" && line.contains("hci0 not blocked"))
     }
 
+    @Test("The HM-10's UART on a Pi: the device, enable_uart, the console on it, Bluetooth on ttyAMA0")
+    func serialUART() throws {
+        let scratch = try ScratchDirectory()
+        let pi = try String(contentsOf: repositoryRoot.appendingPathComponent("board/raspberry-pi.yaml"), encoding: .utf8)
+        let board = try scratch.write("board.yaml", pi.replacingOccurrences(of: "transports:\n", with: "transports:\n  serial: { device: /dev/ttyAMA0 }\n"))
+        let root = "pi"
+        try scratch.write("\(root)/proc/device-tree/model", "Raspberry Pi 4 Model B Rev 1.4\0")
+        try scratch.write("\(root)/boot/firmware/config.txt", "[all]\ndtparam=i2c_arm=on\n#enable_uart=1\n")
+        try scratch.write("\(root)/proc/cmdline", "console=ttyAMA0,115200 console=tty1 root=PARTUUID=1234 rootwait\n")
+        try scratch.write("\(root)/sys/class/bluetooth/hci0/address", "b8:27:eb:00:00:01\n")
+        let socket = scratch.url.appendingPathComponent("none.sock").path
+        let result = try run(Executables.cli, ["doctor", "--board", board, "--socket", socket, "--system-root", scratch.url.appendingPathComponent(root).path])
+        #expect(result.status == 1)
+        #expect(result.stdout.contains("Serial"), "\(result.stdout)")
+        let uart = result.stdout.split(separator: "\n").map(String.init).filter { $0.contains("UART /dev/ttyAMA0:") }
+        #expect(uart.contains { level(of: $0) == "FAIL" && $0.contains("does not exist") }, "\(uart)")
+        #expect(uart.contains { level(of: $0) == "FAIL" && $0.contains("console=ttyAMA0") }, "\(uart)")
+        #expect(uart.contains { level(of: $0) == "WARN" && $0.contains("onboard Bluetooth") }, "\(uart)")
+        let config = try #require(finding("config.txt", in: result.stdout), "\(result.stdout)")
+        #expect(level(of: config.line) == "FAIL" && config.fix?.contains("enable_uart=1") == true)
+
+        // Set up as it should be: the UART on, the console and Bluetooth elsewhere.
+        try scratch.write("\(root)/boot/firmware/config.txt", "[all]\ndtparam=i2c_arm=on\nenable_uart=1\ndtoverlay=disable-bt\n")
+        try scratch.write("\(root)/proc/cmdline", "console=tty1 root=PARTUUID=1234 rootwait\n")
+        let fixed = try run(Executables.cli, ["doctor", "--board", board, "--socket", socket, "--system-root", scratch.url.appendingPathComponent(root).path])
+        #expect(finding("config.txt", in: fixed.stdout) == nil, "\(fixed.stdout)")
+        #expect(!fixed.stdout.contains("onboard Bluetooth"))
+        #expect(level(of: try #require(finding("console", in: fixed.stdout)).line) == "OK")
+    }
+
     @Test("An invalid board file: FAIL with file:line and the --check-board hint, exit 1")
     func invalidBoard() throws {
         let scratch = try ScratchDirectory()

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -43,6 +44,10 @@ int creactor_sigrtmax(void);
 
 /// pthread_setname_np for the calling thread (names are cut to 15 bytes).
 void creactor_set_thread_name(const char *name);
+
+/// A pseudo-terminal master (posix_openpt, grantpt, unlockpt), close-on-exec,
+/// and its slave's path in `name`. The master descriptor, or -1 (errno).
+int creactor_open_pty(char *name, size_t length);
 
 /// Pins the calling thread to the CPU it runs on now (sched_getcpu,
 /// sched_setaffinity); threads it creates inherit that. 0 or -1 (errno).

@@ -28,6 +28,7 @@ public final class BoardRuntime: @unchecked Sendable {
     let hub: SessionHub
     let tcp: TCPTransport
     let ble: BLETransport
+    let serial: SerialTransport?
     private let control: ControlServer
     private let controlSocketPath: String
     var watch: FailsafeWatch?
@@ -64,6 +65,8 @@ public final class BoardRuntime: @unchecked Sendable {
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, maxConnections: configuration.tcp?.maxConnections ?? 64, logger: logger)
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
+        let (loop, hub, logger) = (loop, hub, logger)
+        serial = configuration.serial.map { SerialTransport(loop: loop, hub: hub, configuration: $0, logger: logger) }
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         control.pollProvider = { [unowned self] in self.pollOnLoop() }
@@ -95,6 +98,10 @@ public final class BoardRuntime: @unchecked Sendable {
             } else {
                 transportState.ble = "disabled in the board file"
             }
+            if let serial {
+                serial.onState = { [unowned self] state in transportState.serial = state }
+                serial.start()
+            }
             try control.start(path: controlSocketPath)
             transportState.control = controlSocketPath
             indicator?.start()
@@ -114,6 +121,7 @@ public final class BoardRuntime: @unchecked Sendable {
         if !loop.inLoop {
             _ = try? loop.submitAndWait { [self] in
                 tcp.stop()
+                serial?.stop()
                 control.stop()
                 watch?.cancel()
                 indicator?.stop()

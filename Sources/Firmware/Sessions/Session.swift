@@ -50,6 +50,10 @@ public final class Session: @unchecked Sendable {
         self.decoder = FrameDecoder(configuration: FrameDecoder.Configuration(idleTimeout: idleTimeout))
     }
 
+    /// Whether the decoder holds part of a frame (a transport that mixes its
+    /// own messages into the stream recognises them only between frames).
+    public var hasPartialFrame: Bool { decoder.hasPartialFrame }
+
     /// Bytes from the central, in arrival order.
     public func receive<C: Collection>(_ bytes: C, at now: ContinuousClock.Instant = .now) where C.Element == UInt8 {
         counters.bytes += bytes.count

@@ -1,0 +1,286 @@
+import Board
+import LinuxHardware
+import Logging
+import Reactor
+import SystemPackage
+
+/// What arrives from an HM-10 in transparent mode, sorted into the central's
+/// data and the module's own connection notices (`OK+CONN`, `OK+LOST`,
+/// sent with AT+NOTI1 on).
+///
+/// A notice is recognised only where a frame may start (the session has no
+/// partial frame): `O` (0x4F) is no command, so there a frame never begins
+/// with it, while inside a frame (an LCD text saying "OK+LOST") the same
+/// bytes are the central's data and stay so. A possible notice is held back
+/// until it is complete or cannot be one any more; then its bytes are data.
+struct HM10Stream {
+    enum Event: Equatable {
+        case data([UInt8])
+        case connected
+        case lost
+    }
+
+    static let connectedNotice = Array("OK+CONN".utf8)
+    static let lostNotice = Array("OK+LOST".utf8)
+
+    /// The bytes of a notice being matched.
+    private(set) var pending: [UInt8] = []
+
+    /// Sorts `bytes`, calling `emit` in stream order. `atFrameBoundary` is
+    /// asked, after every data event before it has been handled, whether a
+    /// frame may start here.
+    mutating func feed<C: Collection>(_ bytes: C, atFrameBoundary: () -> Bool, emit: (Event) -> Void) where C.Element == UInt8 {
+        var run: [UInt8] = []
+        for byte in bytes {
+            if !pending.isEmpty {
+                pending.append(byte)
+                if pending == Self.connectedNotice || pending == Self.lostNotice {
+                    emit(pending == Self.connectedNotice ? .connected : .lost)
+                    pending.removeAll()
+                } else if !(Self.connectedNotice.starts(with: pending) || Self.lostNotice.starts(with: pending)) {
+                    run += pending
+                    pending.removeAll()
+                }
+                continue
+            }
+            if byte == Self.connectedNotice[0] {
+                // The session must have seen every byte before this one to
+                // say whether a frame may start here.
+                if !run.isEmpty {
+                    emit(.data(run))
+                    run.removeAll()
+                }
+                if atFrameBoundary() {
+                    pending = [byte]
+                    continue
+                }
+            }
+            run.append(byte)
+        }
+        if !run.isEmpty { emit(.data(run)) }
+    }
+}
+
+/// BLEControl frames through an HM-10 BLE module on a UART, as the original
+/// board had them: the module is the peripheral (FFE0/FFE1), the UART
+/// carries FFE1's bytes both ways. At start the module is set up with AT
+/// commands (connection notices on, the name) when the board file asks; its
+/// `OK+CONN` opens a session and `OK+LOST` closes it, so the failsafe works
+/// as with BLE through bluetoothd. A module that does not notify (or did not
+/// answer AT) still works: the first data opens the session. A missing or
+/// lost device is reported in status and tried again every two seconds.
+/// Lives on the event loop.
+public final class SerialTransport: @unchecked Sendable {
+    // Loop-confined: used only on the event loop.
+    private let loop: EventLoop
+    private let hub: SessionHub
+    private let configuration: SerialConfiguration
+    private let logger: Logger
+    private var connection: StreamConnection?
+    private var session: Session?
+    private var stream = HM10Stream()
+    private var setup: Setup?
+    private var retryTimer: LoopToken?
+    private var stopped = false
+    private var lastOpenError: String?
+    private var moduleAnswered: Bool?
+    /// Called with a one-line state for status whenever it changes.
+    public var onState: (String) -> Void = { _ in }
+
+    /// The AT conversation at start: one command at a time, each answered
+    /// by exactly its reply (HM-10 commands have no line ending).
+    private struct Setup {
+        var steps: [(command: String, reply: String)]
+        var received: [UInt8] = []
+        var timer: LoopToken?
+    }
+
+    /// How long the module may take to answer one AT command.
+    static let replyTimeout: Duration = .seconds(1)
+    static let retryInterval: Duration = .seconds(2)
+
+    public init(loop: EventLoop, hub: SessionHub, configuration: SerialConfiguration, logger: Logger) {
+        self.loop = loop
+        self.hub = hub
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// Opens the port and starts (on the loop). Never throws for a missing
+    /// device: that is a state, tried again.
+    public func start() {
+        loop.assertInLoop()
+        stopped = false
+        open()
+    }
+
+    /// Closes the port; a connected central's session ends.
+    public func stop() {
+        loop.assertInLoop()
+        stopped = true
+        if let timer = retryTimer { loop.cancel(timer) }
+        retryTimer = nil
+        if let timer = setup?.timer { loop.cancel(timer) }
+        setup = nil
+        endSession(reason: nil)
+        connection?.close()
+        connection = nil
+    }
+
+    private var where_: String { "\(configuration.device) at \(configuration.baud) baud" }
+
+    private func open() {
+        let fd: Int32
+        do {
+            fd = try SerialPort.open(configuration.device, baud: configuration.baud)
+        } catch {
+            let text = "\(error)"
+            if text != lastOpenError { logger.error("serial: \(text); trying again every \(Self.retryInterval)") }
+            lastOpenError = text
+            onState("\(text) (retrying)")
+            retryTimer = loop.schedule(after: Self.retryInterval) { [weak self] in
+                guard let self, !self.stopped else { return }
+                self.retryTimer = nil
+                self.open()
+            }
+            return
+        }
+        lastOpenError = nil
+        let connection = StreamConnection(fd: FileDescriptor(rawValue: fd), loop: loop)
+        self.connection = connection
+        connection.onData = { [weak self] bytes in self?.received(bytes) }
+        connection.onClose = { [weak self] reason in self?.lost(reason: reason) }
+        do {
+            try connection.start()
+        } catch {
+            logger.error("serial: \(where_): \(error)")
+            connection.close()
+            return
+        }
+        logger.info("serial transport on \(where_)")
+        if configuration.atSetup {
+            var steps = [(command: "AT", reply: "OK"), (command: "AT+NOTI1", reply: "OK+Set:1")]
+            if let name = configuration.name { steps.append((command: "AT+NAME\(name)", reply: "OK+Set:\(name)")) }
+            setup = Setup(steps: steps)
+            onState("\(where_): setting up the HM-10")
+            sendNextCommand()
+        } else {
+            ready()
+        }
+    }
+
+    // MARK: AT set-up
+
+    private func sendNextCommand() {
+        guard var current = setup, let step = current.steps.first else { return ready() }
+        current.received.removeAll()
+        current.timer = loop.schedule(after: Self.replyTimeout) { [weak self] in self?.setupTimedOut() }
+        setup = current
+        connection?.send(Array(step.command.utf8))
+    }
+
+    private func setupReceived(_ bytes: ArraySlice<UInt8>) {
+        guard var current = setup, let step = current.steps.first else { return }
+        current.received += bytes
+        let expected = Array(step.reply.utf8)
+        if current.received == expected {
+            if let timer = current.timer { loop.cancel(timer) }
+            if step.command == "AT" { moduleAnswered = true }
+            current.steps.removeFirst()
+            setup = current
+            sendNextCommand()
+        } else if !expected.starts(with: current.received) {
+            // Not the module answering: a central is connected already and
+            // these are its bytes (and our AT went to it). Set-up stops.
+            if let timer = current.timer { loop.cancel(timer) }
+            logger.warning("serial: unexpected bytes while setting up the HM-10 on \(where_) (a central already connected?); set-up skipped")
+            setup = nil
+            ready(leftover: current.received)
+        } else {
+            setup = current
+        }
+    }
+
+    private func setupTimedOut() {
+        guard var current = setup, let step = current.steps.first else { return }
+        current.timer = nil
+        if step.command == "AT" {
+            moduleAnswered = false
+            logger.warning("serial: the HM-10 on \(where_) did not answer AT (not an HM-10, another baud rate, or a central connected): frames work, but a lost central is only noticed by failsafe.silence_timeout_ms")
+            setup = nil
+            return ready(leftover: current.received)
+        }
+        logger.warning("serial: the HM-10 on \(where_) did not answer \(step.command)")
+        current.steps.removeFirst()
+        setup = current
+        sendNextCommand()
+    }
+
+    private func ready(leftover: [UInt8] = []) {
+        setup = nil
+        publishState()
+        if !leftover.isEmpty { dispatch(leftover[...]) }
+    }
+
+    // MARK: Transparent mode
+
+    private func received(_ bytes: ArraySlice<UInt8>) {
+        if setup != nil { return setupReceived(bytes) }
+        dispatch(bytes)
+    }
+
+    private func dispatch(_ bytes: ArraySlice<UInt8>) {
+        stream.feed(bytes, atFrameBoundary: { [self] in !(session?.hasPartialFrame ?? false) }) { event in
+            switch event {
+            case .connected:
+                if session == nil { openSession(reason: "OK+CONN") }
+            case .lost:
+                endSession(reason: "OK+LOST")
+            case .data(let data):
+                // Data without a notice: the module does not notify, or the
+                // central was there before we started. It is a central.
+                if session == nil { openSession(reason: "data") }
+                if let session { hub.receive(data, for: session) }
+            }
+        }
+    }
+
+    private func openSession(reason: String) {
+        session = hub.open(transport: .serial, peer: "HM-10 on \(configuration.device)") { [weak self] bytes in self?.connection?.send(bytes) }
+        logger.info("serial: central connected (\(reason))")
+        publishState()
+    }
+
+    private func endSession(reason: String?) {
+        guard let session else { return }
+        self.session = nil
+        if let reason { logger.info("serial: central gone (\(reason))") }
+        hub.close(session)
+        publishState()
+    }
+
+    private func lost(reason: String?) {
+        connection = nil
+        setup = nil
+        endSession(reason: "the device went away")
+        guard !stopped else { return }
+        logger.error("serial: \(where_) closed\(reason.map { ": \($0)" } ?? ""); trying again every \(Self.retryInterval)")
+        onState("\(where_): device lost (retrying)")
+        retryTimer = loop.schedule(after: Self.retryInterval) { [weak self] in
+            guard let self, !self.stopped else { return }
+            self.retryTimer = nil
+            self.open()
+        }
+    }
+
+    private func publishState() {
+        let module: String
+        switch (configuration.atSetup, moduleAnswered) {
+        case (false, _): module = "AT set-up off"
+        case (true, true?): module = "HM-10 set up"
+        case (true, false?): module = "HM-10 did not answer AT"
+        case (true, nil): module = "HM-10 set-up skipped"
+        }
+        onState("\(where_), \(module), \(session == nil ? "no central" : "central connected")")
+    }
+}
