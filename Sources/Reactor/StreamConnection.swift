@@ -29,6 +29,10 @@ public final class StreamConnection: @unchecked Sendable {
     private var readBuffer: [UInt8]
     /// Set by ``finish(reason:)``: no more reads; close once drained.
     private var finishing: String??
+    /// True while `onData` runs: what it sends is written once it returns,
+    /// in one write, not one write per reply (a flood of bad frames would
+    /// otherwise cost a system call per ERROR).
+    private var delivering = false
     public var onData: (ArraySlice<UInt8>) -> Void = { _ in }
     /// Called once, when the connection closes (nil reason: the peer closed).
     public var onClose: (String?) -> Void = { _ in }
@@ -61,7 +65,7 @@ public final class StreamConnection: @unchecked Sendable {
             close(reason: "peer is not reading (\(queuedBytes) bytes queued)")
             return
         }
-        drain()
+        if !delivering { drain() }
     }
 
     /// Stops reading and closes once everything queued has been written
@@ -100,7 +104,10 @@ public final class StreamConnection: @unchecked Sendable {
         do {
             let count = try readBuffer.withUnsafeMutableBytes { try fd.read(into: $0) }
             if count == 0 { return close() }
+            delivering = true
             onData(readBuffer[0..<count])
+            delivering = false
+            if queuedBytes > 0, !isClosed { drain() }
         } catch Errno.wouldBlock {
             return
         } catch Errno.interrupted {
