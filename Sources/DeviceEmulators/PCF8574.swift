@@ -1,5 +1,5 @@
-import Reactor
 import Hardware
+import Synchronization
 
 /// An emulated PCF8574 remote 8-bit I/O expander.
 ///
@@ -13,11 +13,13 @@ import Hardware
 /// pin written high is held up only by a weak current source and reads low
 /// when something outside pulls it down; a pin written low reads low. At
 /// power-on all pins are high (NXP §8.1).
-public final class PCF8574: EmulatedI2CDevice, @unchecked Sendable {
-    private let lock = Lock()
-    private var latch: UInt8 = 0xFF
-    private var writes = 0
-    private var pulledLow: UInt8 = 0
+public final class PCF8574: EmulatedI2CDevice, Sendable {
+    private struct Pins {
+        var latch: UInt8 = 0xFF
+        var writes = 0
+        var pulledLow: UInt8 = 0
+    }
+    private let pins = Mutex(Pins())
     private let onPortWrite: @Sendable (UInt8) -> Void
 
     /// - Parameter onPortWrite: called after every port update with the new
@@ -27,33 +29,33 @@ public final class PCF8574: EmulatedI2CDevice, @unchecked Sendable {
     }
 
     /// The output latch: the last byte written (0xFF at power-on).
-    public var port: UInt8 { lock.withLock { latch } }
+    public var port: UInt8 { pins.withLock { $0.latch } }
 
     /// Port updates since power-on.
-    public var writeCount: Int { lock.withLock { writes } }
+    public var writeCount: Int { pins.withLock { $0.writes } }
 
     /// Pins an external circuit drives low; reads see them low even where
     /// the latch is high. Not a port update.
     public var externalLow: UInt8 {
-        get { lock.withLock { pulledLow } }
-        set { lock.withLock { pulledLow = newValue } }
+        get { pins.withLock { $0.pulledLow } }
+        set { pins.withLock { $0.pulledLow = newValue } }
     }
 
     /// Power cycle: the latch returns to all-high (NXP §8.1), which
     /// is reported to the wiring as a port update.
     public func powerOn() {
-        lock.withLock {
-            latch = 0xFF
-            writes = 0
+        pins.withLock {
+            $0.latch = 0xFF
+            $0.writes = 0
         }
         onPortWrite(0xFF)
     }
 
     public func receive(_ bytes: [UInt8]) {
         for byte in bytes {
-            lock.withLock {
-                latch = byte
-                writes += 1
+            pins.withLock {
+                $0.latch = byte
+                $0.writes += 1
             }
             // Outside the lock: the wiring may call back into this object
             // (reading `port`), and the bus already serialises transactions.
@@ -62,7 +64,7 @@ public final class PCF8574: EmulatedI2CDevice, @unchecked Sendable {
     }
 
     public func transmit(count: Int) -> [UInt8] {
-        let pins = lock.withLock { latch & ~pulledLow }
-        return [UInt8](repeating: pins, count: max(count, 0))
+        let levels = pins.withLock { $0.latch & ~$0.pulledLow }
+        return [UInt8](repeating: levels, count: max(count, 0))
     }
 }

@@ -2,13 +2,14 @@
 import Glibc
 #endif
 import Reactor
+import Synchronization
 
 /// One daemon per board: an exclusive flock(2) on a file named after the
 /// board in the runtime directory, taken before any device is opened, so a
 /// second `blecontrold` for the same board exits without writing to a bus
 /// (it would otherwise switch off the outputs of the daemon in control).
 /// The kernel drops the lock when the holder exits, however it exits.
-final class InstanceLock: @unchecked Sendable {
+final class InstanceLock: Sendable {
     // Immutable after init but for `released`, which only the runtime's
     // single stop() path sets.
     let path: String
@@ -45,12 +46,11 @@ final class InstanceLock: @unchecked Sendable {
         _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
     }
 
-    private var released = false
+    private let released = Atomic(false)
 
     /// Lets the next daemon in (stop calls it; deinit does it anyway).
     func release() {
-        guard !released else { return }
-        released = true
+        guard !released.exchange(true, ordering: .acquiringAndReleasing) else { return }
         flock(fd, LOCK_UN)
         close(fd)
     }

@@ -2,24 +2,26 @@
 import Glibc
 #endif
 import Reactor
+import Synchronization
 
 /// sd_notify(3) without libsystemd: datagrams to `$NOTIFY_SOCKET` (a path,
 /// or an abstract socket when it starts with "@"). Silent when the daemon
 /// does not run under systemd.
-public final class SystemdNotifier: @unchecked Sendable {
+public final class SystemdNotifier: Sendable {
     private let fd: Int32
-    private var address = sockaddr_un()
-    private var addressLength = socklen_t(0)
+    private let address: sockaddr_un
+    private let addressLength: socklen_t
     /// Half of `$WATCHDOG_USEC` (the interval systemd documents for pings),
     /// nil when the unit has no watchdog.
     public let watchdogInterval: Duration?
-    private let lock = Lock()
-    private var lastPing: ContinuousClock.Instant?
+    private let lastPing = Mutex<ContinuousClock.Instant?>(nil)
 
     /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` (and `WATCHDOG_PID`, which
     /// must be ours when set) from the environment.
     public init(environment: [String: String] = SystemdNotifier.processEnvironment(["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"])) {
         var socketFD: Int32 = -1
+        var address = sockaddr_un()
+        var addressLength = socklen_t(0)
         if let path = environment["NOTIFY_SOCKET"], !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: address.sun_path) {
             socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
             address.sun_family = sa_family_t(AF_UNIX)
@@ -31,6 +33,8 @@ public final class SystemdNotifier: @unchecked Sendable {
             addressLength = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
         }
         fd = socketFD
+        self.address = address
+        self.addressLength = addressLength
         let pidMatches = environment["WATCHDOG_PID"].map { Int32($0) == getpid() } ?? true
         if pidMatches, let usec = environment["WATCHDOG_USEC"].flatMap({ Int64($0) }), usec > 0 {
             watchdogInterval = .microseconds(usec / 2)
@@ -55,6 +59,7 @@ public final class SystemdNotifier: @unchecked Sendable {
     public func notify(_ state: String) {
         guard fd >= 0 else { return }
         let bytes = Array(state.utf8)
+        var address = self.address
         _ = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
                 bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL), sa, addressLength) }
@@ -66,9 +71,9 @@ public final class SystemdNotifier: @unchecked Sendable {
     /// from a hot loop).
     public func watchdogPing(at now: ContinuousClock.Instant = .now) {
         guard let interval = watchdogInterval, fd >= 0 else { return }
-        let due = lock.withLock { () -> Bool in
-            if let last = lastPing, now < last + interval / 2 { return false }
-            lastPing = now
+        let due = lastPing.withLock { last -> Bool in
+            if let previous = last, now < previous + interval / 2 { return false }
+            last = now
             return true
         }
         if due { notify("WATCHDOG=1") }
