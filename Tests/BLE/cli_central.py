@@ -6,7 +6,10 @@ and FIGURE lines (scan-to-connected, write → applied), never asserting a
 duration.
 
 Usage: cli_central.py scan|session|single BOARD_NAME BOARD_ADDRESS CONTROL_SOCKET
-Environment: BLECONTROL_BIN, BLE_CENTRAL_ADAPTER (default hci1).
+Environment: BLECONTROL_BIN, BLE_CENTRAL_ADAPTER (default hci1),
+BLE_CLI_SCAN_SECONDS (how long `scan` listens, default 4) and
+BLE_CLI_FIND_SECONDS (how long `--ble NAME` looks, default 20): bounds on a
+search, not performance marks.
 """
 import json
 import os
@@ -19,6 +22,8 @@ import time
 CLI = os.environ["BLECONTROL_BIN"]
 ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
 SAMPLES = int(os.environ.get("BLE_CLI_SAMPLES", "50"))
+SCAN_SECONDS = os.environ.get("BLE_CLI_SCAN_SECONDS", "4")
+FIND_SECONDS = os.environ.get("BLE_CLI_FIND_SECONDS", "20")
 
 
 def result(ok, text):
@@ -66,7 +71,8 @@ def percentile(values, q):
 
 
 def scan(name, address, control):
-    run = subprocess.run([CLI, "scan", "--adapter", ADAPTER, "--seconds", "4"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([CLI, "scan", "--adapter", ADAPTER, "--seconds", SCAN_SECONDS], capture_output=True, text=True,
+                         timeout=60 + float(SCAN_SECONDS))
     line = next((l for l in run.stdout.splitlines() if name in l), "")
     result(run.returncode == 0 and address.lower() in line.lower(), f"blecontrol scan lists {name} at {address} ({line.strip() or run.stdout.strip() or run.stderr.strip()})")
     match = re.search(r"\(after (\d+) ms\)", line)
@@ -76,7 +82,7 @@ def scan(name, address, control):
 
 def session(name, address, control):
     status = Control(control)
-    process = subprocess.Popen([CLI, "session", "--ble", name, "--adapter", ADAPTER, "--verbose"],
+    process = subprocess.Popen([CLI, "session", "--ble", name, "--adapter", ADAPTER, "--timeout", FIND_SECONDS, "--verbose"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def send(line):
