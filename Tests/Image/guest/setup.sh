@@ -1,0 +1,87 @@
+#!/bin/sh
+# TEST ONLY, in the test copy of the image (blecontrol-test-setup.service),
+# before blecontrold and bluetoothd start: stand-ins for the Pi's hardware.
+#   - i2c-stub (built for this kernel by Tests/Image/run: Debian's arm64
+#     kernel is configured without it) at 0x40 (PCA9685) and 0x27 (LCD
+#     backpack); its bus number is whatever the kernel gave it, found by
+#     the adapter's name;
+#   - /etc/blecontrol/board.yaml: the shipped one (board/raspberry-pi.yaml)
+#     with /dev/i2c-1 replaced by the stub's bus and the LED and switches
+#     emulated (the kernel has no gpio-sim either, and QEMU's GPIO chip has
+#     no GPIO17);
+#   - hci_vhci (also built here) for btvirt, which blecontrol-test-btvirt
+#     starts next.
+set -eu
+dir=/usr/local/lib/blecontrol-test
+say() { echo "blecontrol-test-setup: $*"; }
+
+# `setup.sh btvirt` (blecontrol-test-btvirt's main process, Type=notify):
+# btvirt's two controllers, ready once both finished the kernel's set-up.
+# btvirt opens hci0, then hci1, and only then answers either: under TCG on
+# a busy machine the kernel's HCI Reset can time out meanwhile ("Opcode
+# 0x0c03 failed: -110"). Such a controller stays in sysfs but never enters
+# the management interface's index list (its HCI_SETUP flag is only
+# cleared by a set-up that succeeds), so bluetoothd would never see it, and
+# bringing it up by hand (HCIDEVUP) does not put it back. The sign of a
+# failed set-up: no BD address (Read BD_ADDR comes right after the reset).
+# Then a new btvirt, whose controllers are new devices with a new set-up.
+# Bounded by iteration counts: a guard against a hang only.
+if [ "${1:-}" = btvirt ]; then
+    addressed() { # HCI: the set-up got as far as reading the controller's address
+        address=$(hciconfig "$1" 2>/dev/null | sed -n 's/.*BD Address: \([0-9A-F:]*\).*/\1/p')
+        [ -n "$address" ] && [ "$address" != 00:00:00:00:00:00 ]
+    }
+    pid=""
+    for attempt in 1 2 3 4 5; do
+        if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+        for _ in $(seq 100); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
+        "$dir/btvirt" -L -l2 &
+        pid=$!
+        ok=no
+        for _ in $(seq 60); do
+            if addressed hci0 && addressed hci1; then ok=yes; break; fi
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        if [ "$ok" = yes ]; then
+            say "controllers hci0 and hci1 set up (btvirt attempt $attempt)"
+            systemd-notify --ready
+            wait "$pid"
+            exit $?
+        fi
+        say "btvirt attempt $attempt: a controller's set-up failed ($(hciconfig 2>&1 | grep -c '00:00:00:00:00:00') without an address); again"
+    done
+    say "btvirt's controllers did not finish their set-up in 5 attempts"
+    exit 1
+fi
+
+insmod "$dir/i2c-stub.ko" chip_addr=0x40,0x27
+bus=""
+for _ in $(seq 300); do
+    for adapter in /sys/bus/i2c/devices/i2c-*; do
+        [ "$(cat "$adapter/name" 2>/dev/null)" = "SMBus stub driver" ] && bus=${adapter##*/i2c-}
+    done
+    [ -n "$bus" ] && [ -c "/dev/i2c-$bus" ] && break
+    sleep 0.1
+done
+[ -n "$bus" ] && [ -c "/dev/i2c-$bus" ] || { say "no i2c-stub bus with a /dev node"; exit 1; }
+udevadm settle || true
+say "i2c-stub is /dev/i2c-$bus ($(stat -c '%G %a' "/dev/i2c-$bus"))"
+echo "$bus" >/run/blecontrol-test-bus
+
+board=/etc/blecontrol/board.yaml
+[ -f "$board.shipped" ] || cp -p "$board" "$board.shipped"
+awk -v device="/dev/i2c-$bus" '
+    /^led:/ { print "led:"; print "  emulated: true          # TEST: no gpio-sim in this kernel"; skip = 1; next }
+    skip && /^[^ ]/ { skip = 0 }
+    skip { next }
+    { gsub("/dev/i2c-1", device); sub(/chip: gpiochip0, line_name: GPIO[0-9]+/, "emulated: true"); print }
+' "$board.shipped" >"$board.new"
+mv "$board.new" "$board"
+/usr/bin/blecontrold --check-board --board "$board"
+
+modprobe bluetooth
+insmod "$dir/hci_vhci.ko"
+[ -c /dev/vhci ] || { for _ in $(seq 100); do [ -c /dev/vhci ] && break; sleep 0.1; done; }
+[ -c /dev/vhci ] || { say "no /dev/vhci"; exit 1; }
+say "hci_vhci loaded"
