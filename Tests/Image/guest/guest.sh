@@ -200,9 +200,17 @@ else
             case $(cat "$task/comm") in blecontrol-serv*) tid=${task##*/} ;; esac
         done
         [ -n "$tid" ] || { echo "no servo thread: $(cat /proc/"$pid"/task/*/comm | tr '\n' ' ')"; return 1; }
+        local stopped_at
+        stopped_at=$(cut -d' ' -f1 /proc/uptime)
         kill -STOP "$tid"
         until_true 1200 restarted_since "$n" "$pid" || { echo "not restarted: $(prop ActiveState) $(prop NRestarts)"; return 1; }
         unit_log_since "$at" >"$work/watchdog.log"
+        # How long systemd took to act (a figure, never asserted): the
+        # journal's monotonic time of its "Watchdog timeout" line against
+        # the uptime at SIGSTOP (both since boot).
+        journalctl -u blecontrold.service --after-cursor="$at" -o json --no-pager \
+            | sed -n '/Watchdog timeout/s/.*"__MONOTONIC_TIMESTAMP" *: *"\([0-9]*\)".*/\1/p' | head -n 1 \
+            | awk -v at="$stopped_at" '{ printf "%.1f", $1 / 1e6 - at }' >"$work/watchdog-seconds"
         grep -q 'Watchdog timeout' "$work/watchdog.log" || { echo "no watchdog timeout in the journal"; return 1; }
         grep -q "Failed with result 'watchdog'" "$work/watchdog.log" || { echo "result was not 'watchdog'"; return 1; }
         awk '/Watchdog timeout/ && !w { w = NR } /PCA9685 .* every output off/ && w && !off { off = NR } /running$/ && off && !run { run = NR }
@@ -211,7 +219,7 @@ else
         all_off
     }
     check h5 "servo thread stopped: the watchdog killed it (Result watchdog), safe-outputs, restart" watchdog_kill
-    info "after the watchdog: Result=$(prop Result) NRestarts=$(prop NRestarts)"
+    info "watchdog: systemd's timeout $(cat "$work/watchdog-seconds" 2>/dev/null) s after the servo thread stopped (WatchdogSec=$(prop WatchdogUSec)); then Result=$(prop Result) NRestarts=$(prop NRestarts)"
 
     # The daemon's errors at error priority: a reload of a broken board file.
     error_priority() {
