@@ -38,34 +38,14 @@ arm64_bundle=blecontrol-arm64.artifactbundle
 arm64_sdk_id=blecontrol-aarch64-bookworm
 
 # --- Private apt indexes -----------------------------------------------------
-# One apt configuration per suite under $cache_root/apt/, apart from the
-# host's own apt: only to learn the candidate versions (for the hash) and to
-# download the two arm64 Swift .debs. sid's Release file is often past its
-# Valid-Until on mirrors and snapshots, hence Check-Valid-Until false.
+# One apt configuration per suite under $cache_root/apt/ (scripts/lib/
+# private-apt.sh): the candidate versions (for the hash) and the two arm64
+# Swift .debs.
+# shellcheck source=scripts/lib/private-apt.sh
+. "$repo/scripts/lib/private-apt.sh"
 arm64_apt_setup() { # NAME SUITE ARCHS(comma-separated)
-    dir=$cache_root/apt/$1
-    mkdir -p "$dir/state/lists/partial" "$dir/cache/archives/partial" "$dir/empty"
-    : >"$dir/state/status"
-    printf 'deb [arch=%s signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
-        "$3" "$mirror" "$2" >"$dir/sources.list"
-    cat >"$dir/apt.conf" <<EOF
-Dir::Etc::SourceList "$dir/sources.list";
-Dir::Etc::SourceParts "$dir/empty";
-Dir::Etc::Parts "$dir/empty";
-Dir::Etc::Preferences "$dir/empty/none";
-Dir::Etc::PreferencesParts "$dir/empty";
-Dir::State "$dir/state";
-Dir::State::status "$dir/state/status";
-Dir::Cache "$dir/cache";
-APT::Architecture "amd64";
-APT::Architectures { "amd64"; "arm64"; };
-Acquire::Check-Valid-Until "false";
-Acquire::Languages "none";
-Acquire::GzipIndexes "true";
-Acquire::CompressionTypes::Order { "gz"; };
-APT::Sandbox::User "root";
-EOF
-    APT_CONFIG=$dir/apt.conf apt-get -q -q update
+    echo "deb [arch=$3 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $2 main" \
+        | private_apt "$cache_root/apt/$1" amd64 amd64,arm64
 }
 
 arm64_apt() { # NAME apt-command...
