@@ -15,11 +15,14 @@ public struct Command {
         public var value: String
         public var help: String
         public var hidden: Bool
-        public init(_ name: String, value: String = "VALUE", help: String, hidden: Bool = false) {
+        /// Other spellings accepted for it (older names): parsed as `name`.
+        public var aliases: [String]
+        public init(_ name: String, value: String = "VALUE", help: String, hidden: Bool = false, aliases: [String] = []) {
             self.name = name
             self.value = value
             self.help = help
             self.hidden = hidden
+            self.aliases = aliases
         }
     }
 
@@ -120,9 +123,19 @@ public struct ExitFailure: Error, CustomStringConvertible {
 extension Command {
     /// Parses `arguments` (without the program name), runs the command and
     /// exits: 0 on success, 2 for usage errors, the thrown status otherwise.
-    public func main(arguments: [String] = Array(CommandLine.arguments.dropFirst()), version: String) -> Never {
+    /// `--manual-page` alone prints the manual page made from this tree
+    /// and `manual`; with `completion: true` the program also has a
+    /// `completion bash` command printing its bash completion script.
+    public func main(arguments: [String] = Array(CommandLine.arguments.dropFirst()), version: String,
+                     manual: Manual? = nil, completion: Bool = false) -> Never {
+        var root = self
+        if completion { root.subcommands.append(completionCommand()) }
         do {
-            try dispatch(arguments, path: name, version: version)
+            if let manual, arguments == ["--manual-page"] {
+                print(root.manualPage(manual, version: version), terminator: "")
+                exit(0)
+            }
+            try root.dispatch(arguments, path: name, version: version)
             exit(0)
         } catch let error as UsageError {
             printError("\(name): \(error.description)\n(`\(name) --help` lists the options)")
@@ -137,8 +150,12 @@ extension Command {
     }
 
     private func dispatch(_ arguments: [String], path: String, version: String) throws {
-        if let first = arguments.first, !first.hasPrefix("-"), let sub = subcommands.first(where: { $0.name == first }) {
-            return try sub.dispatch(Array(arguments.dropFirst()), path: "\(path) \(sub.name)", version: version)
+        if let (index, sub) = subcommandWord(in: arguments) {
+            // Options may come before the command's name (`blecontrol --ble
+            // BOARD servo 0 500`): they are the command's all the same.
+            var rest = arguments
+            rest.remove(at: index)
+            return try sub.dispatch(rest, path: "\(path) \(sub.name)", version: version)
         }
         if arguments.contains("--help") || arguments.contains("-h") {
             print(help(path: path), terminator: "")
@@ -159,6 +176,28 @@ extension Command {
         var parsed = try parse(arguments)
         parsed.commandPath = path
         try run(parsed)
+    }
+
+    /// The first word naming a subcommand with nothing before it but that
+    /// subcommand's options (and their values).
+    private func subcommandWord(in arguments: [String]) -> (Int, Command)? {
+        for (index, word) in arguments.enumerated() where !word.hasPrefix("-") {
+            guard let sub = subcommands.first(where: { $0.name == word }) else { continue }
+            var before = 0
+            while before < index, arguments[before].hasPrefix("--") {
+                let text = arguments[before].dropFirst(2)
+                let name = String(text.prefix { $0 != "=" })
+                if sub.options.contains(where: { $0.name == name || $0.aliases.contains(name) }) {
+                    before += text.contains("=") ? 1 : 2
+                } else if sub.flags.contains(where: { $0.name == name }) {
+                    before += 1
+                } else {
+                    break
+                }
+            }
+            if before == index { return (index, sub) }
+        }
+        return nil
     }
 
     /// Splits arguments into options, flags and positionals.
@@ -190,7 +229,8 @@ extension Command {
             if flags.contains(where: { $0.name == name }) {
                 guard inlineValue == nil else { throw UsageError("--\(name) takes no value") }
                 parsed.flags.insert(name)
-            } else if options.contains(where: { $0.name == name }) {
+            } else if let option = options.first(where: { $0.name == name || $0.aliases.contains(name) }) {
+                name = option.name
                 let value: String
                 if let inlineValue {
                     value = inlineValue

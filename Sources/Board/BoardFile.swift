@@ -81,6 +81,12 @@ final class BoardReader {
     let path: String
     private(set) var problems: [BoardFileError.Problem] = []
 
+    /// When not nil, every mapping the schema reads is recorded here: its
+    /// field, the keys it allows and the line of the schema that asked.
+    /// The test that keeps blecontrol-board(5) in step with the parser
+    /// reads it.
+    var schemaTrace: [(field: String, allowed: Set<String>, site: UInt)]?
+
     init(path: String) { self.path = path }
 
     func fail(_ node: Node?, _ field: String, _ message: String) {
@@ -89,7 +95,8 @@ final class BoardReader {
 
     // MARK: Generic readers
 
-    func mapping(_ node: Node, _ field: String, allowed: Set<String>) -> Fields? {
+    func mapping(_ node: Node, _ field: String, allowed: Set<String>, site: UInt = #line) -> Fields? {
+        schemaTrace?.append((field, allowed, site))
         guard case .mapping(let mapping, _) = node else {
             fail(node, field.isEmpty ? "file" : field, "must be a mapping of keys to values")
             return nil

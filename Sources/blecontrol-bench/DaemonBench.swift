@@ -26,7 +26,7 @@ final class DaemonProcess {
         directory = NSTemporaryDirectory() + "blecontrol-bench-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         socket = directory + "/control.sock"
-        var arguments = ["--control-socket", socket, "--tcp", "127.0.0.1:0", "--log-level", "error"]
+        var arguments = ["--socket", socket, "--tcp", "127.0.0.1:0", "--log-level", "error"]
         if let boardText {
             let path = directory + "/board.yaml"
             try boardText.write(toFile: path, atomically: true, encoding: .utf8)

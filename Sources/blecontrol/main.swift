@@ -103,6 +103,41 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
     }
 }
 
+/// What blecontrol(1) says beyond the commands and their options.
+let manual = Manual(section: 1, sections: [
+    Manual.Section("Over the air", [
+        .paragraph("With --ble NAME|ADDRESS a frame-sending command (servo, pwm, enable, switch, lcd, clear, init, send, session) goes to the board as a BLE central would, through this machine's bluetoothd: it finds the board by its advertised name or address (FFE0 in the advertisement), connects, and writes to FFE1 with the original app's write types: SERVO_VAL, PWM_VAL and SWITCH_VAL without response, the others with response. ERROR notifications are printed as they come. --adapter picks the adapter, --timeout how long to look for the board, --wait how long to listen for replies after the last write, --sync ends with a frame the board always answers. The adapter blecontrold advertises on cannot connect to its own board: use another one (a USB dongle, or another machine)."),
+    ]),
+    Manual.Section("Exit status", [
+        .item("0", "Done; the board accepted every frame."),
+        .item("1", "The board refused a frame (its ERROR reply is printed), the daemon or the board could not be reached, or doctor found a problem."),
+        .item("2", "The command line is wrong."),
+    ]),
+    Manual.Section("Environment", [
+        .item("BLECONTROL_SOCKET", "The control socket, when --socket is not given."),
+    ]),
+    Manual.Section("Files", [
+        .item("/run/blecontrol/control.sock", "The service's control socket (members of group blecontrol may use it)."),
+        .item("/tmp/blecontrol-simulator.sock", "The simulator board's control socket, used when the service's is absent."),
+        .item("/etc/blecontrol/board.yaml", "The board file doctor checks by default (blecontrol-board(5))."),
+    ]),
+    Manual.Section("Examples", [
+        .paragraph("Centre the servo on channel 0 and show text on the top line:"),
+        .example(["blecontrol enable 0 on", "blecontrol servo 0 500", "blecontrol lcd 0 'Hello'"]),
+        .paragraph("The same over the air, to the board advertising as BLEControl:"),
+        .example(["blecontrol --ble BLEControl servo 0 500"]),
+        .paragraph("Several commands over one connection, waiting until the board has answered them all:"),
+        .example(["printf 'enable 0 on\\nservo 0 250\\nsync\\n' | blecontrol session --ble BLEControl"]),
+        .paragraph("Raw frames, as a central writes them (SERVO_VAL 500 on channel 0):"),
+        .example(["blecontrol send 02 03 00 01 f4"]),
+        .paragraph("Find what is wrong with an installation:"),
+        .example(["sudo blecontrol doctor"]),
+    ]),
+    Manual.Section("See also", [
+        .paragraph("blecontrold(8), blecontrol-board(5), bluetoothctl(1); /usr/share/doc/blecontrol/protocol.md"),
+    ]),
+])
+
 Command(
     "blecontrol",
     abstract: "Drive and inspect a running blecontrold.",
@@ -113,4 +148,4 @@ Command(
     instead, through bluetoothd, to any board in range (`blecontrol scan` lists them).
     """,
     subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), watch, webCommand(), doctorCommand()]
-).main(version: BLEControlVersion.string)
+).main(version: BLEControlVersion.string, manual: manual, completion: true)

@@ -35,7 +35,7 @@ func loadBoard(_ path: String?) throws -> BoardConfiguration {
         if let path { return try BoardFile.load(path: path) }
         return try BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
     } catch {
-        throw ExitFailure("\(error)", status: 2)
+        throw ExitFailure(JournalLogHandler.errorLines("\(error)"), status: 2)
     }
 }
 
@@ -71,7 +71,8 @@ let run = Command(
     """,
     options: [
         boardOption,
-        Command.Option("control-socket", value: "PATH", help: "Override the control socket path of the board file."),
+        Command.Option("socket", value: "PATH", help: "The control socket to create, instead of the board file's control.socket (blecontrol --socket names the same socket).",
+                       aliases: ["control-socket"]),
         Command.Option("tcp", value: "HOST:PORT", help: "Override the TCP listen address of the board file (port 0 picks a free one)."),
         Command.Option("log-level", value: "LEVEL", help: "trace, debug, info, notice, warning, error or critical (default info)."),
     ],
@@ -103,7 +104,7 @@ let run = Command(
 
     let runtime: BoardRuntime
     do {
-        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: arguments.option("control-socket"))
+        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: arguments.option("socket"))
     } catch {
         logger.critical("cannot start: \(error)")
         throw ExitFailure.silent(1)
@@ -133,9 +134,48 @@ let run = Command(
     logger.notice("stopped; every output off")
 }
 
+/// What blecontrold(8) says beyond the options: how it runs under systemd,
+/// its signals, files and exit statuses.
+let manual = Manual(section: 8, sections: [
+    Manual.Section("Signals", [
+        .item("SIGTERM, SIGINT", "Stop: every output off (servos, ESCs and PWM outputs stop pulsing, switches to their safe state), the LCD says so, then exit 0. Every other signal that would end a process (SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, …) does the same: none can leave the outputs pulsing."),
+        .item("SIGHUP", "Read the board file again and apply what a running board can take: the channels (roles, calibration, failsafe), servo pacing, the failsafe timeouts, the protocol's idle timeout, and the TCP and BLE transports (restarted: their centrals reconnect). A file that changes what needs a restart (the name, buses, chips, the LCD, the LED, the serial transport, the control socket, realtime) is refused, and so is an invalid one, with the reason in the log: the board keeps running as before. `systemctl reload blecontrold` sends it."),
+        .item("SIGKILL", "Cannot be caught: the PCA9685 keeps producing the last pulses. The unit's ExecStopPost= runs `blecontrold safe-outputs`, which switches them off."),
+    ]),
+    Manual.Section("Failsafe", [
+        .paragraph("When the last central disconnects, when one stays silent longer than failsafe.silence_timeout_ms, when the PCA9685 fails for failsafe.fault_timeout_ms, or when the servo thread is stuck in one bus write for failsafe.stall_timeout_ms, every channel goes to its failsafe (blecontrol-board(5): hold, off, or a pulse; an ESC gets its neutral pulse, then none). The LED blinks fast and the LCD shows FAILSAFE and the reason. It ends when a central sends a frame the board accepts; an ESC stays at its failsafe output until its channel is enabled again and given a new value, so a motor never resumes the throttle it had."),
+    ]),
+    Manual.Section("Systemd", [
+        .paragraph("The package's blecontrold.service runs `blecontrold --board /etc/blecontrol/board.yaml` as the system user blecontrol (groups i2c, gpio, bluetooth, dialout), after bluetooth.service, hardened (`systemd-analyze security blecontrold` rates it). It is Type=notify: READY=1 once every transport listens, STATUS= with the board's state, and WATCHDOG=1 from the servo thread, so a stuck servo thread is killed and restarted (WatchdogSec=5s). ExecStopPost= switches the outputs off however the daemon ended. The package enables and starts it, restarts it on upgrade (the old daemon stops with every output off) and stops it on removal."),
+    ]),
+    Manual.Section("Logging", [
+        .paragraph("Messages go to standard error, which systemd's journal keeps: `journalctl -u blecontrold`. Under systemd each line carries its priority, so `journalctl -u blecontrold -p err` shows only the errors, and `-p warning` the warnings too. --log-level sets what is written (default info)."),
+    ]),
+    Manual.Section("Files", [
+        .item("/etc/blecontrol/board.yaml", "The board file the service runs (blecontrol-board(5)); kept across upgrades."),
+        .item("/usr/share/blecontrol/boards/", "Example board files: raspberry-pi.yaml, rc-car.yaml, hexapod.yaml, simulator.yaml (the built-in simulator board)."),
+        .item("/run/blecontrol/control.sock", "The control socket blecontrol(1) talks to (the board file's control.socket)."),
+        .item("/usr/share/doc/blecontrol/protocol.md", "The BLEControl wire protocol: frames, the ERROR reply, the LCD length rule."),
+    ]),
+    Manual.Section("Exit status", [
+        .item("0", "Stopped by a signal, every output off; or --check-board found the board file valid."),
+        .item("1", "The board cannot start: a device, a port, or another blecontrold already running the same board."),
+        .item("2", "The board file or the command line is wrong (the message names the file, line and key)."),
+    ]),
+    Manual.Section("Examples", [
+        .paragraph("Run the simulator board (emulated chips, TCP on 127.0.0.1:7171) and look at it:"),
+        .example(["blecontrold &", "blecontrol status"]),
+        .paragraph("Check an edited board file before reloading the service with it:"),
+        .example(["blecontrold --board /etc/blecontrol/board.yaml --check-board", "sudo systemctl reload blecontrold"]),
+    ]),
+    Manual.Section("See also", [
+        .paragraph("blecontrol(1), blecontrol-board(5), systemd.service(5), journalctl(1), bluetoothd(8)"),
+    ]),
+])
+
 Command(
     "blecontrold",
     abstract: "BLEControl board firmware.",
     subcommands: [run, safeOutputs],
     defaultSubcommand: "run"
-).main(version: BLEControlVersion.string)
+).main(version: BLEControlVersion.string, manual: manual)

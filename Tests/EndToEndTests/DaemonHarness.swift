@@ -98,7 +98,7 @@ final class SimulatorDaemon {
         log = directory.appendingPathComponent("daemon.log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["--control-socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
+        process.arguments = ["--socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }

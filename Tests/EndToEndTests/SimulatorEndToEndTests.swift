@@ -244,7 +244,7 @@ struct SimulatorEndToEndTests {
     @Test("A second daemon for the same board refuses to start before it touches a device; the first keeps running")
     func secondDaemon() throws {
         let daemon = try SimulatorDaemon()
-        let second = try run(Executables.daemon, ["--control-socket", daemon.socketPath, "--tcp", "127.0.0.1:0"])
+        let second = try run(Executables.daemon, ["--socket", daemon.socketPath, "--tcp", "127.0.0.1:0"])
         #expect(second.status == 1)
         #expect(second.stderr.contains("already runs this board"), "\(second.stderr)")
         #expect(!second.stderr.contains("PCA9685 initialised"), "the second daemon initialised the chip: \(second.stderr)")
@@ -258,7 +258,7 @@ struct SimulatorEndToEndTests {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let board = root.appendingPathComponent("board/raspberry-pi.yaml").path
         let socket = FileManager.default.temporaryDirectory.appendingPathComponent("pi-\(UUID().uuidString.prefix(6)).sock").path
-        let result = try run(Executables.daemon, ["--board", board, "--control-socket", socket])
+        let result = try run(Executables.daemon, ["--board", board, "--socket", socket])
         #expect(result.status == 1)
         #expect(result.stderr.contains("/dev/i2c-1 does not exist"), "\(result.stderr)")
         let safe = try run(Executables.daemon, ["safe-outputs", "--board", board])

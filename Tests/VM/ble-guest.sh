@@ -137,7 +137,7 @@ else
 fi
 
 # --- the daemon (simulator board, adapter hci0) -----------------------------------
-"$DAEMON" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-ble.log" 2>&1 &
+"$DAEMON" --socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-ble.log" 2>&1 &
 echo $! > "$DAEMON_PIDFILE"
 for _ in $(seq 300); do "$CLI" status --socket "$SOCKET" --json > /dev/null 2>&1 && break; sleep 0.1; done
 
@@ -180,7 +180,7 @@ if has_adapter hci1; then
         string:org.bluez.Adapter1 string:Powered variant:boolean:true > /dev/null 2>&1
     board_address=$(dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.freedesktop.DBus.Properties.Get \
         string:org.bluez.Adapter1 string:Address 2>/dev/null | sed -n 's/.*string "\(.*\)".*/\1/p')
-    "$DAEMON" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-cli.log" 2>&1 &
+    "$DAEMON" --socket "$SOCKET" --tcp 127.0.0.1:0 > "$OUT/daemon-cli.log" 2>&1 &
     cli_daemon=$!
     pids+=($cli_daemon)
     for _ in $(seq 600); do "$CLI" status --socket "$SOCKET" --json 2>/dev/null | grep -q '"ble": "advertising' && break; sleep 0.1; done

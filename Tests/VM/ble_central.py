@@ -341,7 +341,7 @@ async def restart_daemon(board, log_name):
             return True
     await wait_for(gone, 15, 0.1)
     log = open(daemon_log(log_name), "w")
-    args = [os.environ["DAEMON"], "--control-socket", SOCKET, "--tcp", "127.0.0.1:0"] + (["--board", board] if board else [])
+    args = [os.environ["DAEMON"], "--socket", SOCKET, "--tcp", "127.0.0.1:0"] + (["--board", board] if board else [])
     process = subprocess.Popen(args, stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))

@@ -33,7 +33,7 @@ check() {
 # the daemon must refuse with a message and an exit status, not crash or hang.
 rpi_board_fails_clearly() {
     local status
-    timeout 30 "$DAEMON" --board "$REPO/board/raspberry-pi.yaml" --control-socket "$work/rpi.sock" \
+    timeout 30 "$DAEMON" --board "$REPO/board/raspberry-pi.yaml" --socket "$work/rpi.sock" \
         > "$OUT/daemon-rpi.log" 2>&1
     status=$?
     [ "$status" -ge 1 ] && [ "$status" -lt 124 ] || { echo "exit status $status: $(tail -2 "$OUT/daemon-rpi.log")"; return 1; }
@@ -202,7 +202,7 @@ DPID=""
 # start_daemon BOARD LOG: starts it and waits until the control socket answers.
 start_daemon() {
     rm -f "$SOCKET"
-    "$DAEMON" --board "$1" --control-socket "$SOCKET" --tcp 127.0.0.1:0 > "$2" 2>&1 &
+    "$DAEMON" --board "$1" --socket "$SOCKET" --tcp 127.0.0.1:0 > "$2" 2>&1 &
     DPID=$!
     for _ in $(seq 300); do
         kill -0 "$DPID" 2>/dev/null || { wait "$DPID"; echo "exited with status $? at start: $(tail -2 "$2" | tr '\n' ' ')"; DPID=""; return 1; }
@@ -378,7 +378,7 @@ central_leaves() { # a TCP central sends one frame and goes away: the last centr
 }
 second_instance_refused() {
     local out status
-    out=$(timeout 30 "$DAEMON" --board "$1" --control-socket "$work/second.sock" 2>&1); status=$?
+    out=$(timeout 30 "$DAEMON" --board "$1" --socket "$work/second.sock" 2>&1); status=$?
     [ "$status" = 1 ] || { echo "second daemon exit status $status: $out"; return 1; }
     echo "$out" | grep -q "already runs this board" || { echo "no word of the lock: $out"; return 1; }
 }

@@ -280,7 +280,7 @@ def run_ours(args, bus, report):
     log = open(os.path.join(args.out, "peers-daemon.log"), "w")
     trace_start()
     daemon = subprocess.Popen(
-        [args.daemon, "--board", args.board, "--control-socket", socket_path, "--tcp", "127.0.0.1:0"],
+        [args.daemon, "--board", args.board, "--socket", socket_path, "--tcp", "127.0.0.1:0"],
         stdout=log, stderr=subprocess.STDOUT)
     try:
         status = None
