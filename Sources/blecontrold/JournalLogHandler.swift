@@ -50,6 +50,14 @@ struct JournalLogHandler: LogHandler {
         }
     }
 
+    /// `text` as error lines for standard error: each line prefixed `<3>`
+    /// under systemd, so a refused board file shows in `journalctl -p err`
+    /// (a line without a prefix is filed at info); as it is on a terminal.
+    static func errorLines(_ text: String) -> String {
+        guard stderrIsJournal() else { return text }
+        return text.split(separator: "\n", omittingEmptySubsequences: false).map { "<3>\($0)" }.joined(separator: "\n")
+    }
+
     /// True when stderr is the stream systemd connected to the journal:
     /// `$JOURNAL_STREAM` is "DEVICE:INODE" of that stream (systemd.exec(5)).
     static func stderrIsJournal() -> Bool {
