@@ -242,6 +242,56 @@ else
     }
     check h6 "journalctl -u blecontrold -p err shows the daemon's error (a broken board file on SIGHUP), not its notices" error_priority
     check h7 "daemon still active after the reloads" is_active
+
+    # (u) An upgrade while the board runs: dpkg restarts the service, the
+    # old daemon stops with every output off (its journal line comes before
+    # the new daemon's), the new version runs the administrator's board
+    # file, which dpkg kept without asking (stdin is closed).
+    next=$dir/blecontrol-next.deb
+    if [ -f "$next" ]; then
+        upgrade() {
+            move_servo || return 1
+            local pid at sum want
+            pid=$(prop MainPID); at=$(cursor); sum=$(md5sum </etc/blecontrol/board.yaml)
+            want=$(dpkg-deb -f "$next" Version)
+            DEBIAN_FRONTEND=noninteractive dpkg -i "$next" </dev/null >"$work/upgrade.log" 2>&1 || { tail -n 3 "$work/upgrade.log"; return 1; }
+            [ "$(dpkg-query -W -f='${Version}' blecontrol)" = "$want" ] || { echo "installed: $(dpkg-query -W -f='${Version}' blecontrol)"; return 1; }
+            until_true 600 is_active || return 1
+            [ "$(prop MainPID)" != "$pid" ] || { echo "not restarted (MainPID $pid)"; return 1; }
+            [ "$(md5sum </etc/blecontrol/board.yaml)" = "$sum" ] && [ ! -e /etc/blecontrol/board.yaml.dpkg-dist ] || { echo "board.yaml changed"; return 1; }
+            unit_log_since "$at" >"$work/upgrade-journal.log"
+            awk '/stopped; every output off/ && !off { off = NR } /running$/ && off && !run { run = NR } END { exit !(off && run) }' "$work/upgrade-journal.log" \
+                || { echo "no 'every output off' stop before the new daemon ran: $(tail -n 4 "$work/upgrade-journal.log" | tr '\n' '|')"; return 1; }
+            all_off
+        }
+        check u1 "upgrade while running: old daemon stopped with every output off, the new version started, board.yaml kept, no prompt" upgrade
+
+        # A board file the (new) daemon refuses: the unit fails once, with
+        # the reason in the journal, and is not restarted (exit status 2,
+        # RestartPreventExitStatus=): no loop of starts hammering the bus.
+        refused_board() {
+            local at n
+            at=$(cursor); n=$(prop NRestarts)
+            cp /etc/blecontrol/board.yaml "$work/board.good"
+            printf 'servo:\n  address: [\n' >>/etc/blecontrol/board.yaml
+            systemctl restart blecontrold.service
+            until_true 600 sh -c '[ "$(systemctl show -P ActiveState blecontrold)" = failed ]'
+            local state result status restarts
+            state=$(prop ActiveState); result=$(prop Result); status=$(prop ExecMainStatus); restarts=$(prop NRestarts)
+            journalctl -u blecontrold.service -p err --after-cursor="$at" -q -o cat >"$work/refused.log"
+            cp "$work/board.good" /etc/blecontrol/board.yaml
+            systemctl reset-failed blecontrold.service
+            systemctl start blecontrold.service
+            until_true 600 is_active
+            [ "$state" = failed ] && [ "$result" = exit-code ] && [ "$status" = 2 ] || { echo "state $state, result $result, status $status"; return 1; }
+            [ "$restarts" = "$n" ] || { echo "restarted: NRestarts $n -> $restarts"; return 1; }
+            grep -q 'board.yaml:[0-9]*:' "$work/refused.log" || { echo "no file:line reason at -p err: $(tail -n 2 "$work/refused.log" | tr '\n' '|')"; return 1; }
+        }
+        check u2 "a board file the daemon refuses: unit failed (status 2) with file:line in the journal, not restarted" refused_board
+        check u3 "daemon active again with the good board file" is_active
+    else
+        info "upgrade checks skipped: no next package in the test copy"
+    fi
 fi
 
 # --- (b) BLE: the real bluetoothd on btvirt's controllers ------------------------------------
