@@ -52,6 +52,9 @@ struct DoctorTests {
     @Test("On the simulator board with the daemon running: emulated hardware, the daemon's status, exit 0")
     func simulator() throws {
         let daemon = try SimulatorDaemon()
+        // The LCD comes online once its power-on sequence has run on the
+        // emulated bus: on a loaded machine, after the socket answers.
+        _ = try daemon.waitFor("the LCD online") { (($0["lcd"] as? [String: Any])?["online"] as? Bool) == true }
         let board = repositoryRoot.appendingPathComponent("board/simulator.yaml").path
         let result = try daemon.cli(["doctor", "--board", board])
         #expect(result.status == 0, "stdout:\n\(result.stdout)\nstderr:\n\(result.stderr)")
@@ -164,6 +167,40 @@ struct DoctorTests {
         ])
         let line = try #require(finding("rfkill", in: unblocked.stdout)).line
         #expect(level(of: line) == "OK" && line.contains("hci0 not blocked"))
+    }
+
+    @Test("The iPhone pairing pop-up: WARN while bluetoothd runs its battery plugin, OK with -P battery or main.conf's levers")
+    func pairingPopUp() throws {
+        let scratch = try ScratchDirectory()
+        let board = try boardWithMissingBus(in: scratch)
+        let root = "machine"
+        try scratch.write("\(root)/proc/4242/comm", "bluetoothd\n")
+        func popUp() throws -> (line: String, fix: String?) {
+            let result = try run(Executables.cli, [
+                "doctor", "--board", board, "--socket", scratch.url.appendingPathComponent("none.sock").path,
+                "--system-root", scratch.url.appendingPathComponent(root).path
+            ])
+            return try #require(finding("iPhone pairing pop-up", in: result.stdout), "\(result.stdout)")
+        }
+        // As Debian starts it.
+        try scratch.write("\(root)/proc/4242/cmdline", "/usr/libexec/bluetooth/bluetoothd\0")
+        let plain = try popUp()
+        #expect(level(of: plain.line) == "WARN" && plain.line.contains("pop-up"), "\(plain.line)")
+        #expect(plain.fix?.contains("/usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf") == true)
+        // The package's drop-in, and the other spellings of the option.
+        for arguments in ["-P\0battery", "-Pbattery", "--noplugin=sap,battery", "-n\0-P\0*"] {
+            try scratch.write("\(root)/proc/4242/cmdline", "/usr/libexec/bluetooth/bluetoothd\0\(arguments)\0")
+            let fixed = try popUp()
+            #expect(level(of: fixed.line) == "OK" && fixed.line.contains("battery plugin"), "\(arguments): \(fixed.line)")
+        }
+        // main.conf's levers, with the plugin running.
+        try scratch.write("\(root)/proc/4242/cmdline", "/usr/libexec/bluetooth/bluetoothd\0")
+        try scratch.write("\(root)/etc/bluetooth/main.conf", "[General]\n# ReverseServiceDiscovery = false\nName = x\n[GATT]\nClient = false\n")
+        let client = try popUp()
+        #expect(level(of: client.line) == "OK" && client.line.contains("[GATT] Client = false"), "\(client.line)")
+        try scratch.write("\(root)/etc/bluetooth/main.conf", "[General]\nReverseServiceDiscovery=false\n")
+        let reverse = try popUp()
+        #expect(level(of: reverse.line) == "OK" && reverse.line.contains("ReverseServiceDiscovery"), "\(reverse.line)")
     }
 
     @Test("The HM-10's UART on a Pi: the device, enable_uart, the console on it, Bluetooth on ttyAMA0")
