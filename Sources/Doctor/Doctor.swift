@@ -562,6 +562,7 @@ private struct Context {
                     fix: "upgrade bluez (Raspberry Pi OS bookworm ships 5.66)"
                 ))
             }
+            findings.append(pairingPopUp(pid: pid))
         } else {
             findings.append(DoctorFinding(
                 level, "bluetoothd", "not running\(isRealBoard ? "" : " (the simulator runs on TCP without it)")",
@@ -601,6 +602,61 @@ private struct Context {
             findings.append(DoctorFinding(level, "adapter \(adapter)", "missing (\(present))", fix: fix))
         }
         return DoctorSection(title: "Bluetooth", findings: findings)
+    }
+
+    /// Whether a connecting iPhone gets a pairing pop-up nobody asked for:
+    /// bluetoothd's GATT client reads the phone's Battery Level (battery
+    /// plugin), iOS refuses it to an unpaired device, and bluetoothd then
+    /// raises the link's security (an SMP Security Request). Any of the
+    /// levers stops it: the battery plugin left out (`-P battery`, what the
+    /// package's drop-in for bluetooth.service does), no GATT client on
+    /// incoming connections (main.conf `[General] ReverseServiceDiscovery =
+    /// false`, or `[GATT] Client = false` from BlueZ 5.74).
+    private func pairingPopUp(pid: Int32) -> DoctorFinding {
+        let subject = "iPhone pairing pop-up"
+        let arguments = (system.read("/proc/\(pid)/cmdline") ?? "").split(separator: "\0").map(String.init)
+        var disabled: [String] = []
+        for (index, argument) in arguments.enumerated() {
+            var value: String?
+            if argument == "-P" || argument == "--noplugin", index + 1 < arguments.count { value = arguments[index + 1] }
+            else if argument.hasPrefix("--noplugin=") { value = String(argument.dropFirst("--noplugin=".count)) }
+            else if argument.hasPrefix("-P"), argument.count > 2 { value = String(argument.dropFirst(2)) }
+            if let value { disabled += value.split(separator: ",").map { String($0).trimmed } }
+        }
+        if disabled.contains("battery") || disabled.contains("*") {
+            return DoctorFinding(.ok, subject, "prevented: bluetoothd runs without its battery plugin (-P battery)")
+        }
+        let settings = Self.iniSettings(system.read("/etc/bluetooth/main.conf") ?? "")
+        if settings["General.ReverseServiceDiscovery"]?.lowercased() == "false" {
+            return DoctorFinding(.ok, subject, "prevented: main.conf ReverseServiceDiscovery = false")
+        }
+        if settings["GATT.Client"]?.lowercased() == "false" {
+            return DoctorFinding(.ok, subject, "prevented: main.conf [GATT] Client = false")
+        }
+        return DoctorFinding(
+            .warn, subject,
+            "bluetoothd reads a connecting iPhone's battery level, which iOS refuses before pairing, and then asks the phone to pair: it shows a pop-up nobody asked for",
+            fix: "the package's drop-in for bluetooth.service leaves the battery plugin out: "
+                + "/usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf, then `sudo systemctl daemon-reload && sudo systemctl restart bluetooth`"
+        )
+    }
+
+    /// `Section.Key` → value of an INI file such as bluetoothd's main.conf
+    /// (comments and blank lines skipped).
+    static func iniSettings(_ text: String) -> [String: String] {
+        var section = ""
+        var settings: [String: String] = [:]
+        for raw in text.split(separator: "\n") {
+            let line = String(raw).trimmed
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
+            if line.hasPrefix("["), line.hasSuffix("]") {
+                section = String(line.dropFirst().dropLast()).trimmed
+            } else if let equals = line.firstIndex(of: "=") {
+                let key = String(line[..<equals]).trimmed
+                settings["\(section).\(key)"] = String(line[line.index(after: equals)...]).trimmed
+            }
+        }
+        return settings
     }
 
     /// Asks bluetoothd itself (org.bluez Adapter1.Powered over the system

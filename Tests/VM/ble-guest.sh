@@ -87,7 +87,12 @@ fi
 export BOARD_SLOW=$work/board-slow.yaml BOARD_SLOW_STRICT=$work/board-slow-strict.yaml
 sed 's/byte_time_us: 90 /byte_time_us: 10000 /' "$REPO/board/simulator.yaml" > "$BOARD_SLOW"
 sed 's/^  acknowledged_writes: .*/  acknowledged_writes: true/' "$BOARD_SLOW" > "$BOARD_SLOW_STRICT"
-phases="scenario restart ack"
+# The iPhone-like central (Tests/VM/phone.py) against bluetoothd as Debian
+# starts it and as the package's drop-in for bluetooth.service does: its
+# arguments read from the drop-in itself.
+BLUETOOTHD_BLECONTROL_ARGS=$(sed -n 's#^ExecStart=/usr/libexec/bluetooth/bluetoothd ##p' "$REPO/systemd/bluetooth-blecontrol.conf")
+export BLUETOOTHD_BLECONTROL_ARGS
+phases="scenario restart ack phone"
 [ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-writevalue"
 if [ -n "$BOARD_ACQUIRE" ]; then
     phases="$phases acquire"
@@ -143,10 +148,10 @@ for _ in $(seq 300); do "$CLI" status --socket "$SOCKET" --json > /dev/null 2>&1
 
 # --- the scenario (and the benchmark) ------------------------------------------
 # Bounded: the whole VM tier must stay well under its timeout.
-for _ in $(seq "${BLE_CENTRAL_TIMEOUT:-240}"); do kill -0 "$central" 2>/dev/null || break; sleep 1; done
+for _ in $(seq "${BLE_CENTRAL_TIMEOUT:-420}"); do kill -0 "$central" 2>/dev/null || break; sleep 1; done
 if kill -0 "$central" 2>/dev/null; then
     kill -KILL "$central"
-    fail ble-central-done "Bumble central finished in time" "killed after ${BLE_CENTRAL_TIMEOUT:-240} s: $(tail -2 "$OUT/ble-central.log" | tr '\n' ' ')"
+    fail ble-central-done "Bumble central finished in time" "killed after ${BLE_CENTRAL_TIMEOUT:-420} s: $(tail -2 "$OUT/ble-central.log" | tr '\n' ' ')"
 fi
 wait "$central" 2>/dev/null
 cat "$work/central.out" >> "$OUT/ble-central.log"

@@ -210,7 +210,8 @@ async def disconnect(device, connection):
     if connection is None:
         return
     try:
-        await connection.disconnect()
+        # Bounded: a link the other side already dropped never answers.
+        await asyncio.wait_for(connection.disconnect(), 15)
     except Exception as error:
         say("disconnect: %r" % error)
 
@@ -321,6 +322,99 @@ async def restart_bluetoothd(device):
         await disconnect(device, connection)
     record(ok, "v18", "after the bluetoothd restart: new connection, write applied (ch3 1000 us), FF 01 09 notified",
            channel(status_cli(), 3) if result else "not found, or FFE1 missing")
+
+
+async def start_bluetoothd(args, log_name):
+    """Stops bluetoothd (SIGTERM) and starts it with ARGS (besides -n -d);
+    waits until the daemon has noticed, then until it advertises again."""
+    pidfile = os.environ["BLUETOOTHD_PIDFILE"]
+    with open(pidfile) as f:
+        pid = int(f.read().strip())
+    os.kill(pid, 15)
+    await wait_for(lambda: "advertising" not in ble_state(status_cli()), 20, 0.2)
+    log = open(daemon_log(log_name), "w")
+    process = subprocess.Popen(["/usr/libexec/bluetooth/bluetoothd", "-n", "-d"] + args, stdout=log, stderr=log)
+    with open(pidfile, "w") as f:
+        f.write(str(process.pid))
+    return await wait_for(bluez_on_bus, 20, 0.05) and await wait_for(lambda: "advertising" in ble_state(status_cli()), 60, 0.3)
+
+
+async def phone(device):
+    """The iPhone-like central (Tests/VM/phone.py) runs the demo app's
+    session against bluetoothd as Debian starts it, where the pop-up must
+    show (so the check can see it), then with the package's drop-in for
+    bluetooth.service, where nothing may ask the phone for security."""
+    import phone as iphone
+    p = iphone.IPhone(device)
+    fixed = os.environ.get("BLUETOOTHD_BLECONTROL_ARGS", "").split()
+    cases = (("p1", "as Debian starts it", []),
+             ("p2", "with the package's drop-in (bluetoothd %s)" % " ".join(fixed), fixed))
+    for ident, case, args in cases:
+        ok = await start_bluetoothd(args, "bluetoothd-%s.log" % ident)
+        if not record(ok, ident + "a", "bluetoothd 5.66 %s; the daemon advertises again" % case, ble_state(status_cli())):
+            continue
+        p.reset()
+        address = await p.rotate_address()
+        result = await connect(device)
+        if not record(result is not None, ident + "b", "iPhone-like central from a new resolvable private address (%s) connects, FFE1 found" % address):
+            continue
+        connection, peer, char, notifications, entry = result
+        mtu = await peer.request_mtu(185)
+        record(mtu == 185, ident + "c", "ATT MTU 185 negotiated", mtu)
+        if ident == "p1":
+            # The pop-up: bluetoothd reads Battery Level, the phone refuses
+            # it (Insufficient Authentication), bluetoothd raises security.
+            try:
+                await asyncio.wait_for(p.security_event.wait(), 30)
+            except asyncio.TimeoutError:
+                pass
+            record(p.battery.reads > 0 and len(p.security_requests) > 0, ident + "d",
+                   "without our settings bluetoothd reads the phone's Battery Level (refused: Insufficient Authentication) "
+                   "and sends an SMP Security Request: an iPhone's pairing pop-up (%d reads, %d requests)" % (p.battery.reads, len(p.security_requests)))
+            # What a phone that does not answer it sees next (a figure, not
+            # a check): its writes with response.
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True), 10)
+                say("FIGURE without the drop-in: a write with response answered %.0f ms after the Security Request went unanswered"
+                    % ((time.monotonic() - started) * 1000))
+            except Exception as error:
+                say("FIGURE without the drop-in: a write with response not answered (%r) while the Security Request goes unanswered" % error)
+            await disconnect(device, connection)
+            await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 40)
+            continue
+        # bluetoothd's plugins read the phone's characteristics in handle
+        # order once its discovery is done: Battery Level before PnP ID.
+        try:
+            await asyncio.wait_for(p.pnp_id.read_event.wait(), 60)
+        except asyncio.TimeoutError:
+            pass
+        record(p.pnp_id.reads > 0, ident + "d", "bluetoothd's GATT client discovered the phone and read its PnP ID "
+               "(by then a Battery Level read would have come: none did, %d)" % p.battery.reads, p.pnp_id.reads)
+        started = time.monotonic()
+        try:
+            answered = await iphone.run_session(char, 0.015)
+            error = ""
+        except Exception as failure:
+            answered, error = -1, repr(failure)
+        took = time.monotonic() - started
+        report = status_cli()
+        servos = [round(channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
+        duties = [channel(report, ch).get("duty", 0) for ch in range(4, 8)]
+        switches = [s.get("on") for s in report.get("switches", [])]
+        lines = report["lcd"]["lines"]
+        # 12-bit PCA9685 counts at 50 Hz are ~4.9 us apart: within 5 us.
+        ok = (answered == 10 and all(abs(us - 1600) < 5 for us in servos) and all(d >= 0.999 for d in duties) and switches == [True] * 4
+              and lines[0].startswith("iPhone-like") and lines[1].startswith("central"))
+        record(ok, ident + "e", "the demo app's session (writes without response paced at 15 ms, %d answered with response, %.1f s): "
+               "servos 1600 us, PWM -500 -> 100 %%, switches on, both LCD lines" % (answered, took),
+               (error, servos, duties, switches, lines))
+        record(not p.security_requests and p.battery.reads == 0, ident + "f",
+               "with the package's drop-in: no Battery Level read and no SMP Security Request in the whole session (no pop-up)",
+               (p.battery.reads, len(p.security_requests)))
+        await disconnect(device, connection)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    record(len(set(p.addresses)) == len(p.addresses), "p3", "a different private address for each connection", p.addresses)
 
 
 def daemon_log(name):
@@ -450,6 +544,8 @@ async def main():
                     await acquire(device)
                 elif phase == "ack":
                     await acknowledgements(device)
+                elif phase == "phone":
+                    await phone(device)
                 elif phase == "bench-peer":
                     import ble_bench
                     await ble_bench.run_peer(device, sys.modules[__name__])

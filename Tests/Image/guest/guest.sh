@@ -305,6 +305,18 @@ bluez_sees() {
     [ "$instances" = "y 1" ] && [ "$alias" = 's "BLEControl"' ] || { echo "ActiveInstances $instances, Alias $alias"; return 1; }
 }
 check b3 "bluetoothd's own view (busctl): one active advertisement on hci0, Alias BLEControl" until_true 60 bluez_sees
+# The package's drop-in for bluetooth.service under the real systemd:
+# bluetoothd without its battery plugin (no pairing pop-up on iPhones),
+# and the doctor sees it.
+no_battery_plugin() {
+    local pid
+    pid=$(systemctl show -P MainPID bluetooth.service)
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- ' -P battery' || { tr '\0' ' ' <"/proc/$pid/cmdline"; return 1; }
+    [ "$(systemctl show -P DropInPaths bluetooth.service)" = /usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf ] \
+        || { echo "drop-ins: $(systemctl show -P DropInPaths bluetooth.service)"; return 1; }
+    blecontrol doctor 2>&1 | grep -q 'OK    iPhone pairing pop-up: prevented' || { blecontrol doctor 2>&1 | grep -A1 'pop-up'; return 1; }
+}
+check b5 "bluetoothd runs with the package's drop-in (-P battery: no iPhone pairing pop-up), doctor says so" no_battery_plugin
 check b4 "blecontrol status: BLE advertising (after two restarts)" \
     until_true 120 sh -c 'blecontrol status | grep -i "ble" | grep -qi "advertising"'
 blecontrol status >"$work/status.txt" 2>&1
