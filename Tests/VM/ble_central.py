@@ -173,7 +173,7 @@ async def scan(device, timeout=30.0, name=None):
         await device.stop_scanning()
 
 
-async def connect(device, timeout=30.0, attempts=3, name=None):
+async def connect(device, timeout=30.0, attempts=3, name=None, **connect_options):
     """Scan, connect, discover FFE0/FFE1 by their 16-bit forms, subscribe.
     Returns (connection, peer, characteristic, notifications, advertisement
     entry), the characteristic None when FFE0/FFE1 never showed up.
@@ -185,7 +185,7 @@ async def connect(device, timeout=30.0, attempts=3, name=None):
         entry = await scan(device, timeout, name)
         if entry is None:
             return None
-        connection = await device.connect(entry["address"], timeout=20)
+        connection = await device.connect(entry["address"], timeout=20, **connect_options)
         try:
             peer = Peer(connection)
             await peer.discover_services()
@@ -415,6 +415,44 @@ async def phone(device):
         await disconnect(device, connection)
         await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
     record(len(set(p.addresses)) == len(p.addresses), "p3", "a different private address for each connection", p.addresses)
+
+    # The same session from an Android-like phone (its public address, MTU
+    # 517, a Battery Level anyone may read) and from an old iPhone that
+    # never raises the ATT MTU (23: 20 bytes a write, the longest frame of
+    # the session fits), through the same bluetoothd with the drop-in.
+    from bumble import hci as bumble_hci
+    from bumble.gatt import Characteristic
+    for ident, what, mtu, options, android in (
+            ("p4", "Android-like central (public address, MTU 517, an open Battery Level)", 517,
+             {"own_address_type": bumble_hci.OwnAddressType.PUBLIC}, True),
+            ("p5", "old iPhone-like central (private address, ATT MTU 23)", None, {}, False)):
+        p.reset()
+        if android:
+            p.battery.permissions = Characteristic.READABLE
+        else:
+            p.battery.permissions = Characteristic.READ_REQUIRES_AUTHENTICATION
+            await p.rotate_address()
+        result = await connect(device, **options)
+        if not record(result is not None, ident + "a", what + " connects, FFE1 found"):
+            continue
+        connection, peer, char, notifications, entry = result
+        negotiated = await peer.request_mtu(mtu) if mtu else 23
+        try:
+            answered = await iphone.run_session(char, 0.0075 if mtu else 0.03, ident.encode())
+            error = ""
+        except Exception as failure:
+            answered, error = -1, repr(failure)
+        report = status_cli()
+        lines = report["lcd"]["lines"]
+        servos = [round(channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
+        ok = (answered == 10 and all(abs(us - 1600) < 5 for us in servos)
+              and lines[1].startswith(ident) and not p.security_requests)
+        record(ok and negotiated >= (247 if mtu else 23), ident + "b",
+               "%s: the demo app's session at ATT MTU %d, %d writes answered, servos 1600 us, the LCD lines, no Security Request"
+               % (what, negotiated, answered), (error, servos, lines, len(p.security_requests)))
+        await disconnect(device, connection)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+
 
 
 def daemon_log(name):

@@ -125,7 +125,7 @@ class IPhone:
 # app's layout"): channels 0-7 enabled with response; servo sliders 0-3 and
 # PWM sliders 4-7 resent in full whenever one moves, without response; the
 # four switches without response; two LCD lines with response.
-def demo_session():
+def demo_session(label=b"central"):
     frames = []
     for ch in range(8):
         frames.append((bytes([0x01, 0x02, ch, 0x01]), True))
@@ -138,17 +138,17 @@ def demo_session():
             frames.append((bytes([0x03, 0x03, ch]) + value.to_bytes(2, "big"), False))
     for sw in range(4):
         frames.append((bytes([0x06, 0x02, sw, 0x01]), False))
-    for line, text in ((0, b"iPhone-like"), (1, b"central")):
+    for line, text in ((0, b"iPhone-like"), (1, label)):
         frames.append((bytes([0x04, len(text) + 2, line]) + text + bytes([0x00]), True))
     return frames
 
 
-async def run_session(char, interval_s):
+async def run_session(char, interval_s, label=b"central"):
     """Writes the session: with response waits for its answer (an error
     answer raises); without response in bursts paced at the connection
     interval, as iOS queues them."""
     answered = 0
-    for frame, with_response in demo_session():
+    for frame, with_response in demo_session(label):
         if with_response:
             await char.write_value(frame, with_response=True)
             answered += 1
