@@ -254,6 +254,10 @@ else
             local pid at sum want
             pid=$(prop MainPID); at=$(cursor); sum=$(md5sum </etc/blecontrol/board.yaml)
             want=$(dpkg-deb -f "$next" Version)
+            # The checks above started the unit several times within the
+            # unit's StartLimitIntervalSec=: forget those starts, so the
+            # upgrade's restart is not refused by the start limit.
+            systemctl reset-failed blecontrold.service
             DEBIAN_FRONTEND=noninteractive dpkg -i "$next" </dev/null >"$work/upgrade.log" 2>&1 || { tail -n 3 "$work/upgrade.log"; return 1; }
             [ "$(dpkg-query -W -f='${Version}' blecontrol)" = "$want" ] || { echo "installed: $(dpkg-query -W -f='${Version}' blecontrol)"; return 1; }
             until_true 600 is_active || return 1
@@ -274,6 +278,8 @@ else
             at=$(cursor); n=$(prop NRestarts)
             cp /etc/blecontrol/board.yaml "$work/board.good"
             printf 'servo:\n  address: [\n' >>/etc/blecontrol/board.yaml
+            # As in u1: the earlier starts must not count against this one.
+            systemctl reset-failed blecontrold.service
             systemctl restart blecontrold.service
             until_true 600 sh -c '[ "$(systemctl show -P ActiveState blecontrold)" = failed ]'
             local state result status restarts
