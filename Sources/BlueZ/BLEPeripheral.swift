@@ -139,6 +139,9 @@ public final class BLEPeripheral: @unchecked Sendable {
         public var state: State
         public var centrals: Int
         public var statistics: Statistics
+        /// The passkey on display while a central pairs (`ble.security:
+        /// authenticated`), so a board without an LCD shows it in status.
+        public var passkey: String? = nil
     }
 
     public static let serviceUUID = GATTObjects.serviceUUID
@@ -155,6 +158,12 @@ public final class BLEPeripheral: @unchecked Sendable {
         var connected: Bool
     }
 
+    /// Why ``forgetBonds(_:)`` could not finish.
+    public struct BondFailure: Error, CustomStringConvertible {
+        public var description: String
+        public init(description: String) { self.description = description }
+    }
+
     private let configuration: Configuration
     private let handlers: Handlers
     private let logger: Logger
@@ -168,8 +177,9 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var devices: [String: Device] = [:]
     /// Writes for a device bluetoothd was asked about, in arrival order.
     private var awaitingDevice: [String: [(call: DBusMethodCall, then: (Device) -> Void)]] = [:]
-    /// The central whose passkey is on display.
+    /// The central whose passkey is on display, and the passkey.
     private var pairing: String?
+    private var passkey: String?
     private var notifying = false
     private var value: [UInt8] = []
     private var centrals: Set<String> = []
@@ -206,6 +216,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         if status.statistics.deniedCallers > 0 { refused += ", \(status.statistics.deniedCallers) calls refused (not bluetoothd)" }
         if status.statistics.oversized > 0 { refused += ", \(status.statistics.oversized) oversized writes refused" }
         if status.statistics.unknownDevices > 0 { refused += ", \(status.statistics.unknownDevices) writes for devices bluetoothd does not report connected" }
+        if let passkey = status.passkey { refused += ", pairing: passkey \(passkey)" }
         switch status.state {
         case .stopped: return "stopped"
         case .unavailable(let why), .starting(let why): return why + refused
@@ -586,14 +597,68 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     private func showPasskey(_ passkey: String, for device: String) {
         pairing = device
+        self.passkey = passkey
         logger.notice("BLE: pairing with \(device): passkey \(passkey)")
         handlers.passkey(device, passkey)
+        publish()
     }
 
     private func pairingEnded() {
         guard let device = pairing else { return }
         pairing = nil
+        passkey = nil
+        logger.info("BLE: pairing with \(device) ended")
         handlers.passkey(device, nil)
+        publish()
+    }
+
+    // MARK: Bonds
+
+    /// Removes every central bluetoothd holds a bond with on the board's
+    /// adapter (`Adapter1.RemoveDevice`: its keys go, a connected one is
+    /// disconnected), so each must pair again. Completes on the peripheral's
+    /// loop with the addresses forgotten (identity addresses, for phones
+    /// that gave theirs when bonding).
+    public func forgetBonds(_ completion: @escaping @Sendable (Result<[String], BondFailure>) -> Void) {
+        loop.execute { [self] in
+            guard let connection, let owner = registration.owner else {
+                return completion(.failure(BondFailure(description: "bluetoothd is not reachable (BLE: \(detail))")))
+            }
+            connection.call(destination: owner, path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects") { [weak self] result in
+                guard let self else { return }
+                let objects: [String: DBusValue]
+                switch result {
+                case .success(let values): objects = values.first?.dictionaryValue ?? [:]
+                case .failure(let failure): return completion(.failure(BondFailure(description: "bluetoothd: \(failure.message)")))
+                }
+                // Paired: keys exchanged; Bonded (5.72+): and stored.
+                let bonded = objects.compactMap { path, value -> (String, String)? in
+                    guard path.hasPrefix(self.adapterPath + "/dev_"), let device = value.dictionaryValue?["org.bluez.Device1"]?.dictionaryValue,
+                          device["Paired"]?.boolValue == true || device["Bonded"]?.boolValue == true else { return nil }
+                    return (path, device["Address"]?.stringValue?.uppercased() ?? Self.address(of: path))
+                }.sorted { $0.0 < $1.0 }
+                guard !bonded.isEmpty else { return completion(.success([])) }
+                let outcome = BondRemoval()
+                let remaining = Countdown(bonded.count) {
+                    if outcome.failures.isEmpty { completion(.success(outcome.forgotten.sorted())) } else {
+                        completion(.failure(BondFailure(description: outcome.failures.sorted().joined(separator: "; "))))
+                    }
+                }
+                for (path, address) in bonded {
+                    connection.call(destination: owner, path: self.adapterPath, interface: "org.bluez.Adapter1", method: "RemoveDevice",
+                                    arguments: [.objectPath(path)], timeout: .seconds(5)) { [weak self] result in
+                        switch result {
+                        case .success:
+                            outcome.forgotten.append(address)
+                            self?.logger.notice("BLE: bond with \(address) forgotten")
+                        case .failure(let failure):
+                            outcome.failures.append("\(address): \(failure.message)")
+                        }
+                        remaining.tick()
+                    }
+                }
+            }
+        }
     }
 
     // MARK: Writes
@@ -746,9 +811,16 @@ public final class BLEPeripheral: @unchecked Sendable {
         }
         var statistics = self.statistics
         statistics.registrations = registration.registrations
-        let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics)
+        let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics, passkey: passkey)
         statusLock.withLock { published = snapshot }
     }
+}
+
+/// What ``BLEPeripheral/forgetBonds(_:)`` removed, collected from its replies.
+private final class BondRemoval: @unchecked Sendable {
+    // Loop-confined: appended to by replies on the D-Bus loop only.
+    var forgotten: [String] = []
+    var failures: [String] = []
 }
 
 /// Counts replies down to zero on one loop, then runs `done` once.

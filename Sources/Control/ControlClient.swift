@@ -80,6 +80,13 @@ public final class ControlClient {
         return ControlProtocol.bytes(fromHex: response.replies ?? "") ?? []
     }
 
+    /// Removes every BLE bond of the board; returns the addresses forgotten.
+    public func forgetBonds() throws -> [String] {
+        let response = try request(ControlProtocol.Request(op: .forgetBonds))
+        guard response.ok else { throw Failure(description: response.error ?? "forget-bonds failed") }
+        return response.forgotten ?? []
+    }
+
     /// The default socket: `$BLECONTROL_SOCKET`, else the installed daemon's,
     /// else the simulator's.
     public static func defaultPath() -> String {

@@ -1,10 +1,11 @@
 /// The control socket's wire format, shared by the daemon and the CLI: one
 /// JSON object per line each way.
 ///
-/// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`.
+/// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`,
+/// `{"op":"forget-bonds"}`.
 /// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
 /// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
-/// or `{"ok":false,"error":"…"}`.
+/// `{"ok":true,"forgotten":["AA:BB:…"]}`, or `{"ok":false,"error":"…"}`.
 public enum ControlProtocol {
     /// What a request asks for.
     public enum Operation: String, Codable, Sendable, CaseIterable {
@@ -14,6 +15,8 @@ public enum ControlProtocol {
         case poll
         /// Frames, as a central would send them.
         case send
+        /// Remove every BLE bond of the board's adapter (each central must pair again).
+        case forgetBonds = "forget-bonds"
     }
 
     public struct Request: Codable, Sendable {
@@ -32,12 +35,15 @@ public enum ControlProtocol {
         public var poll: PollReport?
         /// Frames the board sent back while applying a `send`, hex encoded.
         public var replies: String?
-        public init(ok: Bool, error: String? = nil, status: StatusReport? = nil, poll: PollReport? = nil, replies: String? = nil) {
+        /// The addresses whose bonds `forget-bonds` removed.
+        public var forgotten: [String]?
+        public init(ok: Bool, error: String? = nil, status: StatusReport? = nil, poll: PollReport? = nil, replies: String? = nil, forgotten: [String]? = nil) {
             self.ok = ok
             self.error = error
             self.status = status
             self.poll = poll
             self.replies = replies
+            self.forgotten = forgotten
         }
     }
 

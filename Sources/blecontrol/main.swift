@@ -103,6 +103,20 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
     }
 }
 
+let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded with the board (ble.security: encrypted or authenticated); each must pair again.",
+                          discussion: "The daemon asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
+                          options: [socketOption]) { arguments in
+    let forgotten: [String]
+    do {
+        forgotten = try connect(arguments).forgetBonds()
+    } catch let failure as ExitFailure {
+        throw failure
+    } catch {
+        throw ExitFailure("\(error)")
+    }
+    print(forgotten.isEmpty ? "no bonds to forget" : forgotten.map { "forgot \($0)" }.joined(separator: "\n"))
+}
+
 /// What blecontrol(1) says beyond the commands and their options.
 let manual = Manual(section: 1, sections: [
     Manual.Section("Over the air", [
@@ -147,5 +161,5 @@ Command(
     exists, else the simulator's /tmp/blecontrol-simulator.sock. With --ble NAME|ADDRESS the frames go over the air \
     instead, through bluetoothd, to any board in range (`blecontrol scan` lists them).
     """,
-    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), watch, webCommand(), doctorCommand()]
+    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), watch, forgetBonds, webCommand(), doctorCommand()]
 ).main(version: BLEControlVersion.string, manual: manual, completion: true)

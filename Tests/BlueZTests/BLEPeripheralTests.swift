@@ -20,6 +20,8 @@ final class FakeBlueZ: @unchecked Sendable {
     let registered = Collected<String>()
     /// AgentManager1 calls, as "register <path> <capability>" / "default <path>".
     let agents = Collected<String>()
+    /// Adapter1.RemoveDevice calls, by device path.
+    let removed = Collected<String>()
     var powered = false
     private let poweredLock = NSLock()
 
@@ -32,6 +34,10 @@ final class FakeBlueZ: @unchecked Sendable {
             poweredLock.withLock { powered = value.boolValue ?? false }
             connection.emitPropertiesChanged(path: "/org/bluez/hci0", interface: "org.bluez.Adapter1", changed: [("Powered", value)])
         })
+        adapter.method("RemoveDevice", in: "o") { [unowned self] call in
+            removed.append(call.arguments[0].stringValue ?? "?")
+            call.reply()
+        }
         let gatt = DBusInterface("org.bluez.GattManager1")
         gatt.method("RegisterApplication", in: "oa{sv}") { [unowned self] call in
             let root = call.arguments[0].stringValue ?? "/"
@@ -70,6 +76,8 @@ final class FakeBlueZ: @unchecked Sendable {
             device.property("Address", "s", get: { .string(address) })
             device.property("Adapter", "o", get: { .objectPath("/org/bluez/hci0") })
             device.property("Connected", "b", get: { [unowned self] in .bool(poweredLock.withLock { connected[path] ?? false }) })
+            // Central A has bonded with the board (Paired, as bluetoothd 5.66 says it).
+            device.property("Paired", "b", get: { .bool(path == Self.centralA) })
             connection.export(path: path, interfaces: [device])
         }
         let box = Collected<Bool>()
@@ -345,9 +353,12 @@ struct BLEPeripheralTests {
             try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(0)])
             try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(3)])
             #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321"])
+            // Also in status, for a board without an LCD.
+            #expect(ble.stateDescription.contains("pairing: passkey 004321"))
             bluez.connection.emitPropertiesChanged(path: device, interface: "org.bluez.Device1", changed: [("Paired", .bool(true))])
             #expect(eventually { events.passkeys.all.count == 2 })
             #expect(events.passkeys.all.last == "dev_00_00_00_02_00_01 -")
+            #expect(!ble.stateDescription.contains("passkey"))
 
             // Numeric comparison is shown and accepted; Cancel restores the display.
             try agent("RequestConfirmation", [.objectPath(device), .uint32(987654)])
@@ -364,6 +375,22 @@ struct BLEPeripheralTests {
                 }
             }
             try agent("Release", [])
+        }
+    }
+
+    @Test func forgetBondsRemovesEveryPairedDeviceOfTheAdapter() throws {
+        try withAdvertisingPeripheral(security: .authenticated) { bluez, ble, _ in
+            let result = Collected<String>()
+            ble.forgetBonds { outcome in
+                switch outcome {
+                case .success(let addresses): result.append(addresses.joined(separator: ","))
+                case .failure(let failure): result.append("failed: \(failure)")
+                }
+            }
+            #expect(eventually { result.all.count == 1 })
+            // Central A is paired, central B is not: only A goes.
+            #expect(result.all == ["00:00:00:02:00:01"])
+            #expect(bluez.removed.all == [FakeBlueZ.centralA])
         }
     }
 

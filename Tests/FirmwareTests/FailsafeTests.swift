@@ -481,4 +481,17 @@ struct BusPriorityTests {
         #expect(servo.maxBusWaitUs > 0, "the flood never contended with the servo path; the test proved nothing")
         #expect(servo.maxLcdChunksWaited <= 1)
     }
+
+    // Only where there is no system bus: beside a real bluetoothd this
+    // would forget the machine's own bonds.
+    @Test("forget-bonds without bluetoothd is a clear refusal, and the board keeps running",
+          .enabled(if: Files.environment("DBUS_SYSTEM_BUS_ADDRESS") == nil && !Files.exists("/run/dbus/system_bus_socket")))
+    func forgetBondsWithoutBlueZ() throws {
+        let board = try RunningBoard(yaml: testBoard())
+        let client = try ControlClient(path: board.socket)
+        let response = try client.request(ControlProtocol.Request(op: .forgetBonds))
+        #expect(response.ok == false)
+        #expect(response.error?.hasPrefix("bluetoothd is not reachable (BLE: ") == true, "\(response.error ?? "")")
+        #expect(try client.status().board == board.runtime.status().board)
+    }
 }

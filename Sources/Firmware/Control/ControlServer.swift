@@ -18,6 +18,9 @@ public final class ControlServer: @unchecked Sendable {
     /// the owner right after init, because they need the whole runtime.
     var statusProvider: (() -> StatusReport)?
     var pollProvider: (() -> PollReport)?
+    /// Forgets the BLE bonds and completes (on any thread) with the
+    /// addresses forgotten; nil when the board has no BLE.
+    var bondsForgetter: ((@escaping @Sendable (Result<[String], any Error>) -> Void) -> Void)?
     private let logger: Logger
     private var listener: Listener?
     private var path: String?
@@ -114,6 +117,19 @@ public final class ControlServer: @unchecked Sendable {
                 return respond(ControlProtocol.Response(ok: false, error: "poll is not available yet"), to: client)
             }
             respond(ControlProtocol.Response(ok: true, poll: pollProvider()), to: client)
+        case .forgetBonds:
+            guard let bondsForgetter else {
+                return respond(ControlProtocol.Response(ok: false, error: "BLE is not enabled on this board: no bonds to forget"), to: client)
+            }
+            bondsForgetter { [weak self, weak client] result in
+                guard let server = self, let client else { return }
+                server.loop.execute {
+                    switch result {
+                    case .success(let forgotten): server.respond(ControlProtocol.Response(ok: true, forgotten: forgotten), to: client)
+                    case .failure(let failure): server.respond(ControlProtocol.Response(ok: false, error: "\(failure)"), to: client)
+                    }
+                }
+            }
         case .send:
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)

@@ -70,6 +70,9 @@ public final class BoardRuntime: @unchecked Sendable {
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         control.pollProvider = { [unowned self] in self.pollOnLoop() }
+        if configuration.ble.enabled {
+            control.bondsForgetter = { [unowned self] done in self.ble.forgetBonds(done) }
+        }
         wire()
     }
 

@@ -68,6 +68,12 @@ public final class BLETransport: @unchecked Sendable {
         if loop.inLoop { close() } else { loop.execute(close) }
     }
 
+    /// Removes every bond of the board's adapter (``BLEPeripheral/forgetBonds(_:)``).
+    public func forgetBonds(_ completion: @escaping @Sendable (Result<[String], any Error>) -> Void) {
+        guard let peripheral else { return completion(.failure(BLEPeripheral.BondFailure(description: "BLE is stopped"))) }
+        peripheral.forgetBonds { result in completion(result.mapError { $0 }) }
+    }
+
     /// For status: what the BLE side is doing.
     public var stateDescription: String { peripheral?.stateDescription ?? "stopped" }
     public var status: BLEPeripheral.Status? { peripheral?.status }
