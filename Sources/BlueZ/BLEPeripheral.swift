@@ -66,10 +66,15 @@ public final class BLEPeripheral: @unchecked Sendable {
         /// Set the adapter's Alias (the GAP name iOS shows in its device
         /// list) to `name`, restoring the previous alias on stop.
         public var setAlias: Bool
+        /// How long the fast advertising interval lasts after the board
+        /// comes on the air and after its last central leaves
+        /// (``AdvertisingInterval``).
+        public var fastAdvertisingPeriod: Duration
 
         public init(name: String, adapter: String = "hci0", powerOn: Bool = true, security: Security = .open, allow: [String] = [],
                     manufacturer: String = "BLEControl", model: String = "BLEControl board", firmwareRevision: String = "0.1.0",
-                    busAddress: String? = nil, acquireWrite: Bool = false, writeWithoutResponse: Bool = true, setAlias: Bool = false) {
+                    busAddress: String? = nil, acquireWrite: Bool = false, writeWithoutResponse: Bool = true, setAlias: Bool = false,
+                    fastAdvertisingPeriod: Duration = .seconds(30)) {
             self.name = name
             self.adapter = adapter
             self.powerOn = powerOn
@@ -82,6 +87,29 @@ public final class BLEPeripheral: @unchecked Sendable {
             self.acquireWrite = acquireWrite
             self.writeWithoutResponse = writeWithoutResponse
             self.setAlias = setAlias
+            self.fastAdvertisingPeriod = fastAdvertisingPeriod
+        }
+    }
+
+    /// The advertising interval, as Apple's Accessory Design Guidelines
+    /// (Bluetooth, "Advertising Interval") ask of an accessory: 20 ms for
+    /// the first 30 s, so a phone finds it at once, then one of their
+    /// longer intervals (152.5 ms to 211.25 ms) to save power and air time.
+    /// The board goes fast again whenever its last central leaves (the app
+    /// is likely coming back). bluetoothd takes these from the
+    /// advertisement's MinInterval/MaxInterval (milliseconds): from 5.77
+    /// on (Debian 13); 5.66 (Raspberry Pi OS) reads them only when started
+    /// with --experimental, and otherwise uses the kernel's default.
+    public enum AdvertisingInterval: Sendable, Equatable {
+        case fast
+        case slow
+
+        /// (MinInterval, MaxInterval) in milliseconds.
+        public var milliseconds: (min: UInt32, max: UInt32) {
+            switch self {
+            case .fast: return (20, 30)
+            case .slow: return (152, 211)
+            }
         }
     }
 
@@ -177,6 +205,14 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var devices: [String: Device] = [:]
     /// Writes for a device bluetoothd was asked about, in arrival order.
     private var awaitingDevice: [String: [(call: DBusMethodCall, then: (Device) -> Void)]] = [:]
+    /// Ask bluetoothd for the fixed handles (``GATTObjects/serviceHandle``);
+    /// given up, for this run, if a registration with them fails (another
+    /// application holds them): the board then still comes on the air.
+    private var pinHandles = true
+    /// The interval the advertisement asks for, and the timer that ends
+    /// the fast period.
+    private var interval = AdvertisingInterval.fast
+    private var intervalTimer: LoopToken?
     /// The central whose passkey is on display, and the passkey.
     private var pairing: String?
     private var passkey: String?
@@ -242,6 +278,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         loop.execute { [self] in
             running = false
             if let retryTimer { loop.cancel(retryTimer) }
+            if let intervalTimer { loop.cancel(intervalTimer) }
             var calls: [(String, String, [DBusValue])] = []
             if registration.isAdvertising || registration.advertisementRegistered {
                 calls.append(("org.bluez.LEAdvertisingManager1", "UnregisterAdvertisement", [.objectPath(Self.advertisementPath)]))
@@ -343,6 +380,8 @@ public final class BLEPeripheral: @unchecked Sendable {
                 endAllSessions()
             case .report(let text):
                 setDetail(text)
+                // On the air (again): fast first.
+                if text == "advertising" { advertiseFast() }
             }
         }
         publish()
@@ -404,7 +443,15 @@ public final class BLEPeripheral: @unchecked Sendable {
             guard let self else { return }
             switch result {
             case .success: self.feed(.succeeded(call, generation: generation))
-            case .failure(let failure): self.feed(.failed(call, failure, generation: generation))
+            case .failure(let failure):
+                if call == .registerApplication, failure.name != "org.bluez.Error.AlreadyExists", self.pinHandles {
+                    // bluetoothd could not put the services at their fixed
+                    // handles ("Failed to create entry in database"): let it
+                    // choose, as a board on the air beats stable handles.
+                    self.pinHandles = false
+                    self.logger.warning("BLE: GATT handles 0x\(String(GATTObjects.serviceHandle, radix: 16)) taken (\(failure.message)); letting bluetoothd choose them: a bonded phone may need to rediscover the board after a restart")
+                }
+                self.feed(.failed(call, failure, generation: generation))
             }
         }
         switch call {
@@ -441,6 +488,9 @@ public final class BLEPeripheral: @unchecked Sendable {
         case .registerAdvertisement:
             connection.call(destination: owner, path: adapterPath, interface: "org.bluez.LEAdvertisingManager1", method: "RegisterAdvertisement",
                             arguments: [.objectPath(Self.advertisementPath), .properties([])], timeout: .seconds(10), completion: reply)
+        case .unregisterAdvertisement:
+            connection.call(destination: owner, path: adapterPath, interface: "org.bluez.LEAdvertisingManager1", method: "UnregisterAdvertisement",
+                            arguments: [.objectPath(Self.advertisementPath)], timeout: .seconds(10), completion: reply)
         }
     }
 
@@ -546,7 +596,10 @@ public final class BLEPeripheral: @unchecked Sendable {
         guard centrals.remove(central) != nil else { return }
         logger.info("central \(central) \(why)")
         handlers.disconnected(central)
-        if centrals.isEmpty { notifying = false }
+        if centrals.isEmpty {
+            notifying = false
+            advertiseFast()
+        }
         publish()
         // BlueZ resumes advertising by itself once the link is gone; if it
         // released our advertisement meanwhile, Release() re-registers it.
@@ -561,7 +614,8 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     private func exportObjects(on connection: DBusConnection) {
         connection.exportObjectManager(at: Self.applicationPath)
-        connection.export(path: GATTObjects.servicePath, interfaces: [GATTObjects.service(uuid: Self.serviceUUID)])
+        connection.export(path: GATTObjects.servicePath, interfaces: [GATTObjects.service(
+            uuid: Self.serviceUUID, handle: { [weak self] in self?.pinHandles == true ? GATTObjects.serviceHandle : nil })])
         let handlers = GATTObjects.SerialHandlers(
             notifying: { [weak self] in self?.notifying ?? false },
             value: { [weak self] in self?.value ?? [] },
@@ -573,10 +627,14 @@ public final class BLEPeripheral: @unchecked Sendable {
         )
         let flags = GATTObjects.flags(security: configuration.security, writeWithoutResponse: configuration.writeWithoutResponse)
         connection.export(path: Self.characteristicPath, interfaces: [GATTObjects.serialCharacteristic(flags: flags, acquireWrite: configuration.acquireWrite, handlers)])
-        for (path, interfaces) in GATTObjects.deviceInformation(manufacturer: configuration.manufacturer, model: configuration.model, firmware: configuration.firmwareRevision) {
+        for (path, interfaces) in GATTObjects.deviceInformation(
+            manufacturer: configuration.manufacturer, model: configuration.model, firmware: configuration.firmwareRevision,
+            handle: { [weak self] in self?.pinHandles == true ? GATTObjects.deviceInformationHandle : nil }) {
             connection.export(path: path, interfaces: interfaces)
         }
-        connection.export(path: Self.advertisementPath, interfaces: [GATTObjects.advertisement(name: configuration.name) { [weak self] in
+        connection.export(path: Self.advertisementPath, interfaces: [GATTObjects.advertisement(
+            name: configuration.name, interval: { [weak self] in (self?.interval ?? .fast).milliseconds }
+        ) { [weak self] in
             self?.feed(.advertisementReleased)
         }])
         if configuration.security == .authenticated {
@@ -610,6 +668,28 @@ public final class BLEPeripheral: @unchecked Sendable {
         logger.info("BLE: pairing with \(device) ended")
         handlers.passkey(device, nil)
         publish()
+    }
+
+    // MARK: Advertising interval
+
+    /// The fast interval for `fastAdvertisingPeriod`, then the slow one.
+    private func advertiseFast() {
+        if let intervalTimer { loop.cancel(intervalTimer) }
+        intervalTimer = loop.schedule(after: configuration.fastAdvertisingPeriod) { [weak self] in
+            guard let self else { return }
+            self.intervalTimer = nil
+            self.setInterval(.slow)
+        }
+        setInterval(.fast)
+    }
+
+    private func setInterval(_ new: AdvertisingInterval) {
+        guard interval != new else { return }
+        interval = new
+        let (min, max) = new.milliseconds
+        logger.info("BLE: advertising interval \(min)-\(max) ms (\(new == .fast ? "fast, for \(configuration.fastAdvertisingPeriod)" : "slow"))")
+        // bluetoothd reads the properties once, at registration.
+        feed(.readvertise)
     }
 
     // MARK: Bonds
@@ -806,6 +886,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         switch registration.phase {
         case .stopped: state = .stopped
         case .advertising: state = .advertising
+        case _ where registration.readvertising: state = .advertising
         case .connectingBus, .waitingForBlueZ, .waitingForAdapter, .adapterOff: state = .unavailable(detail)
         default: state = .starting(detail)
         }

@@ -18,10 +18,26 @@ enum GATTObjects {
     static let agentPath = "/org/blecontrol/agent"
     static let characteristicInterface = "org.bluez.GattCharacteristic1"
 
-    static func service(uuid: String) -> DBusInterface {
+    /// Where the services go in bluetoothd's database: fixed handles, so a
+    /// bonded phone's cached handles stay true across restarts of the
+    /// daemon, reloads and upgrades. Left to bluetoothd (Handle 0), a new
+    /// registration lands after the highest handle its database has ever
+    /// used (src/shared/gatt-db.c, gatt_db_insert_service: next_handle only
+    /// grows), so every restart of the daemon would move FFE1. 0x8000 is far
+    /// above what bluetoothd and its plugins take at start (5.82's audio
+    /// plugins register a few dozen handles), and leaves the range above it
+    /// for other applications. The characteristics follow in order.
+    static let serviceHandle: UInt16 = 0x8000
+    static let deviceInformationHandle: UInt16 = 0x8010
+
+    /// A primary service; `handle` nil: wherever bluetoothd puts it.
+    static func service(uuid: String, handle: @escaping () -> UInt16?) -> DBusInterface {
         let service = DBusInterface("org.bluez.GattService1")
         service.property("UUID", "s", get: { .string(uuid) })
         service.property("Primary", "b", get: { .bool(true) })
+        // bluetoothd reads it at registration and writes back where it put
+        // the service (gatt-database.c, write_handle): 0 asks it to choose.
+        service.property("Handle", "q", get: { .uint16(handle() ?? 0) }, set: { _ in })
         return service
     }
 
@@ -100,8 +116,9 @@ enum GATTObjects {
 
     /// The Device Information service's strings: manufacturer (2A29),
     /// model (2A24), firmware revision (2A26).
-    static func deviceInformation(manufacturer: String, model: String, firmware: String) -> [(path: String, interfaces: [DBusInterface])] {
-        var objects: [(String, [DBusInterface])] = [(deviceInformationPath, [service(uuid: deviceInformationUUID)])]
+    static func deviceInformation(manufacturer: String, model: String, firmware: String,
+                                  handle: @escaping () -> UInt16?) -> [(path: String, interfaces: [DBusInterface])] {
+        var objects: [(String, [DBusInterface])] = [(deviceInformationPath, [service(uuid: deviceInformationUUID, handle: handle)])]
         for (index, (uuid, text)) in [("2a29", manufacturer), ("2a24", model), ("2a26", firmware)].enumerated() {
             objects.append((deviceInformationPath + "/char\(index)",
                             [readOnlyCharacteristic(uuid: "0000\(uuid)-0000-1000-8000-00805f9b34fb", service: deviceInformationPath, value: Array(text.utf8))]))
@@ -109,9 +126,12 @@ enum GATTObjects {
         return objects
     }
 
-    static func advertisement(name: String, released: @escaping () -> Void) -> DBusInterface {
+    static func advertisement(name: String, interval: @escaping () -> (min: UInt32, max: UInt32),
+                              released: @escaping () -> Void) -> DBusInterface {
         let advertisement = DBusInterface("org.bluez.LEAdvertisement1")
         advertisement.property("Type", "s", get: { .string("peripheral") })
+        advertisement.property("MinInterval", "u", get: { .uint32(interval().min) })
+        advertisement.property("MaxInterval", "u", get: { .uint32(interval().max) })
         advertisement.property("ServiceUUIDs", "as", get: { .strings([serviceUUID]) })
         advertisement.property("LocalName", "s", get: { .string(name) })
         // BlueZoo (and some scanners' filters) want an explicitly discoverable advertisement.

@@ -52,6 +52,8 @@ struct Registration: Sendable {
         case requestDefaultAgent
         case registerApplication
         case registerAdvertisement
+        /// Withdraw the advertisement to register it again (new intervals).
+        case unregisterAdvertisement
     }
 
     enum Action: Sendable, Equatable {
@@ -82,6 +84,9 @@ struct Registration: Sendable {
         case advertisementReleased
         case agentReleased
         case retry(generation: Int)
+        /// Register the advertisement again (its properties changed: the
+        /// advertising interval); ignored unless on the air.
+        case readvertise
     }
 
     let options: Options
@@ -97,6 +102,9 @@ struct Registration: Sendable {
     private var aliasApplied = false
     /// Completed registrations (status).
     private(set) var registrations = 0
+    /// Between `.readvertise` and the new advertisement's registration:
+    /// still on the air as far as anyone outside can tell.
+    private(set) var readvertising = false
 
     init(options: Options) { self.options = options }
 
@@ -174,6 +182,12 @@ struct Registration: Sendable {
         case .agentReleased:
             agentRegistered = false
             return []
+        case .readvertise:
+            guard phase == .advertising, advertisementRegistered else { return [] }
+            advertisementRegistered = false
+            readvertising = true
+            phase = .registeringAdvertisement
+            return [.call(.unregisterAdvertisement, generation: generation)]
         case .retry(let stamp):
             guard stamp == generation else { return [] }
             switch phase {
@@ -204,6 +218,10 @@ struct Registration: Sendable {
             return [.call(.registerAdvertisement, generation: generation)]
         }
         phase = .advertising
+        if readvertising {
+            readvertising = false
+            return []
+        }
         registrations += 1
         return [.report("advertising")]
     }
@@ -256,6 +274,8 @@ struct Registration: Sendable {
             applicationRegistered = true
         case .registerAdvertisement:
             advertisementRegistered = true
+        case .unregisterAdvertisement:
+            break
         }
         return next()
     }
@@ -284,9 +304,13 @@ struct Registration: Sendable {
         case .registerAdvertisement where alreadyThere:
             advertisementRegistered = true
             return next()
+        case .unregisterAdvertisement:
+            // Gone already (DoesNotExist): registering it is what matters.
+            return next()
         case .registerApplication:
             return [.report("RegisterApplication failed: \(failure); retrying"), .retry(after: .seconds(1), generation: generation)]
         case .registerAdvertisement:
+            readvertising = false
             return [.report("RegisterAdvertisement failed: \(failure); retrying"), .retry(after: .seconds(1), generation: generation)]
         }
     }
@@ -295,6 +319,7 @@ struct Registration: Sendable {
     /// went or was switched off): forget them and drop late replies.
     private mutating func forget() {
         generation += 1
+        readvertising = false
         agentRegistered = false
         applicationRegistered = false
         advertisementRegistered = false

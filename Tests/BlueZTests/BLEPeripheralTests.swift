@@ -22,6 +22,13 @@ final class FakeBlueZ: @unchecked Sendable {
     let agents = Collected<String>()
     /// Adapter1.RemoveDevice calls, by device path.
     let removed = Collected<String>()
+    /// Each registered advertisement's "MinInterval-MaxInterval" (ms).
+    let intervals = Collected<String>()
+    /// The services' Handle properties at each RegisterApplication, in path order.
+    let serviceHandles = Collected<String>()
+    /// Refuse a registration that asks for fixed handles, as bluetoothd does
+    /// when another application holds them.
+    var handlesTaken = false
     var powered = false
     private let poweredLock = NSLock()
 
@@ -44,6 +51,11 @@ final class FakeBlueZ: @unchecked Sendable {
             connection.call(destination: call.sender, path: root, interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects") { result in
                 guard case .success(let values) = result, let objects = values.first?.dictionaryValue else { return call.fail("org.bluez.Error.Failed", "no objects") }
                 let uuids = objects.values.compactMap { $0.dictionaryValue?["org.bluez.GattCharacteristic1"]?.dictionaryValue?["UUID"]?.stringValue }
+                let handles = objects.keys.sorted().compactMap { objects[$0]?.dictionaryValue?["org.bluez.GattService1"]?.dictionaryValue?["Handle"]?.integerValue }
+                self.serviceHandles.append(handles.map(String.init).joined(separator: ","))
+                if self.handlesTaken, handles.contains(where: { $0 != 0 }) {
+                    return call.fail("org.bluez.Error.Failed", "Failed to create entry in database")
+                }
                 self.registered.append("app " + uuids.sorted().joined(separator: ","))
                 call.reply()
             }
@@ -54,6 +66,7 @@ final class FakeBlueZ: @unchecked Sendable {
             connection.call(destination: call.sender, path: path, interface: "org.freedesktop.DBus.Properties", method: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")]) { result in
                 guard case .success(let values) = result, let properties = values.first?.dictionaryValue else { return call.fail("org.bluez.Error.Failed", "no properties") }
                 self.registered.append("adv \(properties["LocalName"]?.stringValue ?? "?") discoverable=\(properties["Discoverable"]?.boolValue ?? false)")
+                self.intervals.append("\(properties["MinInterval"]?.integerValue ?? -1)-\(properties["MaxInterval"]?.integerValue ?? -1)")
                 call.reply()
             }
         }
@@ -155,9 +168,11 @@ struct BLEPeripheralTests {
         try body(bluez, ble, events)
     }
 
-    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true) throws -> BLEPeripheral {
+    func peripheral(_ bus: PrivateBus, events: Events, allow: [String] = [], security: BLEPeripheral.Security = .open, acquireWrite: Bool = true,
+                    fastAdvertisingPeriod: Duration = .seconds(30)) throws -> BLEPeripheral {
         try BLEPeripheral(
-            configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, security: security, allow: allow, busAddress: bus.address, acquireWrite: acquireWrite),
+            configuration: .init(name: "Test-Board", adapter: "hci0", powerOn: true, security: security, allow: allow, busAddress: bus.address, acquireWrite: acquireWrite,
+                                 fastAdvertisingPeriod: fastAdvertisingPeriod),
             handlers: .init(
                 write: { central, bytes, withResponse, done in
                     events.writes.append("\(central.split(separator: "/").last ?? "") \(bytes.map { String(format: "%02x", $0) }.joined()) \(withResponse ? "request" : "command")")
@@ -376,6 +391,47 @@ struct BLEPeripheralTests {
             }
             try agent("Release", [])
         }
+    }
+
+    @Test func advertisesFastThenSlowAndFastAgainWhenTheLastCentralLeaves() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.close() }
+        let events = Events()
+        // A short fast period: the test waits for the order of events, never for a time.
+        let ble = try peripheral(bus, events: events, fastAdvertisingPeriod: .milliseconds(200))
+        ble.start()
+        defer { ble.stop() }
+        // Fast at first, then slow (registered again with the new interval).
+        #expect(eventually { bluez.intervals.all == ["20-30", "152-211"] })
+        #expect(ble.stateDescription.hasPrefix("advertising as Test-Board"))
+        // A central comes and goes: fast again, then slow again.
+        try bluez.write([0x02, 0x03, 0x00, 0x01, 0xF4], type: "command", to: try bluez.peripheralName())
+        #expect(eventually { events.writes.all.count == 1 })
+        bluez.disconnectCentral()
+        #expect(eventually { bluez.intervals.all == ["20-30", "152-211", "20-30", "152-211"] })
+        #expect(ble.stateDescription.hasPrefix("advertising as Test-Board"))
+        // Re-registering the advertisement is not a new registration.
+        #expect(ble.status.statistics.registrations == 1)
+    }
+
+    @Test func theServicesAskForFixedHandlesAndLetBluetoothdChooseWhenTheyAreTaken() throws {
+        try withAdvertisingPeripheral { bluez, _, _ in
+            // FFE0 at 0x8000, Device Information at 0x8010: the same every run.
+            #expect(bluez.serviceHandles.all == ["32768,32784"])
+        }
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.close() }
+        bluez.handlesTaken = true
+        let ble = try peripheral(bus, events: Events())
+        ble.start()
+        defer { ble.stop() }
+        // Refused with them, registered without: on the air all the same.
+        #expect(eventually { ble.stateDescription.hasPrefix("advertising as Test-Board") })
+        #expect(bluez.serviceHandles.all == ["32768,32784", "0,0"])
     }
 
     @Test func forgetBondsRemovesEveryPairedDeviceOfTheAdapter() throws {
