@@ -18,17 +18,22 @@ func connect(_ arguments: Parsed) throws -> ControlClient {
     }
 }
 
-/// Sends frames through the control socket and reports any ERROR reply;
-/// exit status 1 when the board refused a frame.
-func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
-    let replies: [UInt8]
+/// One request to the daemon; any failure becomes the command's clear
+/// error (exit status 1).
+func askDaemon<T>(_ arguments: Parsed, _ request: (ControlClient) throws -> T) throws -> T {
     do {
-        replies = try connect(arguments).send(bytes)
+        return try request(try connect(arguments))
     } catch let failure as ExitFailure {
         throw failure
     } catch {
         throw ExitFailure("\(error)")
     }
+}
+
+/// Sends frames through the control socket and reports any ERROR reply;
+/// exit status 1 when the board refused a frame.
+func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
+    let replies = try askDaemon(arguments) { try $0.send(bytes) }
     if FrameCommands.report(replies: replies) { throw ExitFailure.silent(1) }
 }
 
@@ -36,14 +41,7 @@ let channelArgument = CLICommand.Positional("channel", help: "Channel 0…255.")
 
 let status = Command("status", abstract: "Show outputs, display, LED, sessions and counters.",
                      options: [socketOption], flags: [CLICommand.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
-    let report: StatusReport
-    do {
-        report = try connect(arguments).status()
-    } catch let failure as ExitFailure {
-        throw failure
-    } catch {
-        throw ExitFailure("\(error)")
-    }
+    let report = try askDaemon(arguments) { try $0.status() }
     if arguments.flag("json") {
         print(String(decoding: try JSONEncoderLite(pretty: true).encode(report), as: UTF8.self))
     } else {
@@ -106,14 +104,7 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
 let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded with the board (ble.security: encrypted or authenticated); each must pair again.",
                           discussion: "The daemon asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
                           options: [socketOption]) { arguments in
-    let forgotten: [String]
-    do {
-        forgotten = try connect(arguments).forgetBonds()
-    } catch let failure as ExitFailure {
-        throw failure
-    } catch {
-        throw ExitFailure("\(error)")
-    }
+    let forgotten = try askDaemon(arguments) { try $0.forgetBonds() }
     print(forgotten.isEmpty ? "no bonds to forget" : forgotten.map { "forgot \($0)" }.joined(separator: "\n"))
 }
 
