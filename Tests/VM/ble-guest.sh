@@ -9,7 +9,10 @@
 #
 # Usage: ble-guest.sh OUT   (reads OUT/guest.env: REPO, DAEMON, CLI, BLE_VENV, BLE_BENCH)
 # Phases of the central: scenario, restart (bluetoothd), ack (write
-# acknowledgements on a slow bus, both FFE1 layouts), bench-writevalue,
+# acknowledgements on a slow bus, both FFE1 layouts), discovery (100
+# scans), bluez-5.82 / bluez-5.66 (switch bluetoothd), phone (the
+# iPhone-like and Android-like centrals), reconnect (link lost, new private
+# address), pair (ble.security: authenticated, bonds), bench-writevalue,
 # acquire (daemon restarted with ble.acquire_write: true), bench-acquire.
 set -u
 OUT=$1
@@ -53,12 +56,19 @@ controllers_listed() { # both of btvirt's controllers finished their set-up
     case " $listed " in *" hci0 "*) ;; *) return 1 ;; esac
     case " $listed " in *" hci1 "*) ;; *) return 1 ;; esac
 }
+# Dual-mode Bluetooth 5.2 controllers (btvirt's default type, not -L's
+# LE-only 4.x one): the kernel then advertises with the extended advertising
+# commands, which BlueZ 5.80's btdev repeats at the advertisement's interval
+# as a radio does (Tests/VM/build-btvirt). Legacy advertising, the only kind
+# an LE-only btdev has, is still reported once per scan.
+btvirt_args=${BTVIRT_ARGS:--l2}
 btvirt_pid=""
 for attempt in 1 2 3 4 5; do
     [ -z "$btvirt_pid" ] || { kill "$btvirt_pid" 2>/dev/null; wait "$btvirt_pid" 2>/dev/null; }
     for _ in $(seq 100); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
     echo "== btvirt, attempt $attempt" >> "$OUT/btvirt.log"
-    btvirt -L -l2 >> "$OUT/btvirt.log" 2>&1 &
+    # shellcheck disable=SC2086
+    "${BTVIRT:-btvirt}" $btvirt_args >> "$OUT/btvirt.log" 2>&1 &
     btvirt_pid=$!
     for _ in $(seq 100); do [ -e /sys/class/bluetooth/hci0 ] && [ -e /sys/class/bluetooth/hci1 ] && break; sleep 0.1; done
     # A set-up that works takes a few HCI commands; one that fails waits out
@@ -68,7 +78,7 @@ for attempt in 1 2 3 4 5; do
 done
 pids+=($btvirt_pid)
 if controllers_listed; then
-    pass ble-setup "hci_vhci + btvirt -L -l2: hci0 and hci1 on one virtual link, both in the management index list (btvirt attempt $attempt)"
+    pass ble-setup "hci_vhci + btvirt $btvirt_args (${BTVIRT:-btvirt}): hci0 and hci1 on one virtual link, both in the management index list (btvirt attempt $attempt)"
 else
     fail ble-setup "hci_vhci + btvirt: hci0 and hci1 set up" "controllers: $(ls /sys/class/bluetooth 2>&1 | tr '\n' ' '); index list: $(/usr/bin/python3 "$REPO/Tests/VM/mgmt_index.py" 2>&1 | tr '\n' ' ')"; exit 1
 fi
@@ -92,8 +102,11 @@ sed 's/^  acknowledged_writes: .*/  acknowledged_writes: true/' "$BOARD_SLOW" > 
 # arguments read from the drop-in itself.
 BLUETOOTHD_BLECONTROL_ARGS=$(sed -n 's#^ExecStart=/usr/libexec/bluetooth/bluetoothd ##p' "$REPO/systemd/bluetooth-blecontrol.conf")
 export BLUETOOTHD_BLECONTROL_ARGS
-phases="scenario restart ack phone"
-[ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-writevalue"
+# The link-loss and pairing phases (Tests/VM/phone_links.py) write their
+# boards from the simulator's.
+export BOARD_BASE=$REPO/board/simulator.yaml BLE_WORK=$work
+phases="scenario discovery restart ack phone reconnect pair"
+[ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-writevalue bench-phone"
 if [ -n "$BOARD_ACQUIRE" ]; then
     phases="$phases acquire"
     [ "${BLE_BENCH:-1}" = 1 ] && phases="$phases bench-acquire"
@@ -101,6 +114,12 @@ fi
 # The same workload through a bluez-peripheral server (stops the daemon).
 export BLE_PEER=${BLE_PEER:-0}
 [ "${BLE_BENCH:-1}" = 1 ] && [ "$BLE_PEER" = 1 ] && phases="$phases bench-peer"
+# The phone checks again against Debian 13's bluetoothd 5.82 (its own
+# binary, chrooted in TRIXIE_ROOT), then back to 5.66 for what follows.
+[ -n "${TRIXIE_ROOT:-}" ] && phases="$phases bluez-5.82 phone discovery reconnect pair bluez-5.66"
+export TRIXIE_ROOT
+# Only some phases (BLECONTROL_VM_BLE_PHASES, when working on them).
+[ -n "${BLE_PHASES:-}" ] && phases=$BLE_PHASES
 central_started=$(date +%s)
 # shellcheck disable=SC2086
 "$BLE_VENV/bin/python" "$REPO/Tests/VM/ble_central.py" $phases > "$work/central.out" 2> "$OUT/ble-central.log" &
@@ -121,6 +140,17 @@ mkdir -p /run/dbus
 dbus-daemon --system --fork --nopidfile > "$OUT/dbus.log" 2>&1
 for _ in $(seq 50); do [ -S /run/dbus/system_bus_socket ] && break; sleep 0.1; done
 mountpoint -q /var/lib/bluetooth || mount -t tmpfs tmpfs /var/lib/bluetooth
+# What Debian 13's bluetoothd needs inside its root: the kernel's files,
+# this system bus, a state directory of its own.
+if [ -n "${TRIXIE_ROOT:-}" ]; then
+    mount -t proc proc "$TRIXIE_ROOT/proc"
+    mount --rbind /sys "$TRIXIE_ROOT/sys"
+    mount --rbind /dev "$TRIXIE_ROOT/dev"
+    mount -t tmpfs tmpfs "$TRIXIE_ROOT/run"
+    mkdir -p "$TRIXIE_ROOT/run/dbus"
+    mount --bind /run/dbus "$TRIXIE_ROOT/run/dbus"
+    mount -t tmpfs tmpfs "$TRIXIE_ROOT/var/lib/bluetooth"
+fi
 /usr/libexec/bluetooth/bluetoothd -n -d > "$OUT/bluetoothd.log" 2>&1 &
 echo $! > "$BLUETOOTHD_PIDFILE"
 for _ in $(seq 100); do
@@ -148,10 +178,10 @@ for _ in $(seq 300); do "$CLI" status --socket "$SOCKET" --json > /dev/null 2>&1
 
 # --- the scenario (and the benchmark) ------------------------------------------
 # Bounded: the whole VM tier must stay well under its timeout.
-for _ in $(seq "${BLE_CENTRAL_TIMEOUT:-420}"); do kill -0 "$central" 2>/dev/null || break; sleep 1; done
+for _ in $(seq "${BLE_CENTRAL_TIMEOUT:-1500}"); do kill -0 "$central" 2>/dev/null || break; sleep 1; done
 if kill -0 "$central" 2>/dev/null; then
     kill -KILL "$central"
-    fail ble-central-done "Bumble central finished in time" "killed after ${BLE_CENTRAL_TIMEOUT:-420} s: $(tail -2 "$OUT/ble-central.log" | tr '\n' ' ')"
+    fail ble-central-done "Bumble central finished in time" "killed after ${BLE_CENTRAL_TIMEOUT:-1500} s: $(tail -2 "$OUT/ble-central.log" | tr '\n' ' ')"
 fi
 wait "$central" 2>/dev/null
 cat "$work/central.out" >> "$OUT/ble-central.log"

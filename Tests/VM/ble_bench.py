@@ -103,21 +103,53 @@ async def measure(central, char, control, label_wo, label_w):
     rows.append((label_w, "frames/s (acknowledged)", "%.0f" % (N_REQUEST / (time.monotonic() - start)), "%d requests" % N_REQUEST))
     # Latency, paced, each path.
     for label, with_response in ((label_wo, False), (label_w, True)):
-        samples = []
-        for i in range(N_LATENCY):
-            value = 100 + (i % 2) * 500 + i
-            t0 = time.monotonic()
-            await char.write_value(servo_frame(BENCH_CHANNEL, value), with_response=with_response)
-            seen = await wait_pulse(control, value, 5)
-            if seen is not None:
-                samples.append((seen - t0) * 1000)
-        if samples:
-            rows.append((label, "write → emulated bus p50 / p99 ms",
-                         "%.1f / %.1f" % (percentile(samples, 0.5), percentile(samples, 0.99)),
-                         "%d of %d samples" % (len(samples), N_LATENCY)))
-        else:
-            rows.append((label, "write → emulated bus", "FAILED", "no sample applied"))
+        rows.append(await latency(char, control, label, with_response))
     return rows
+
+
+async def latency(char, control, label, with_response):
+    """One frame at a time: write -> the pulse on the emulated chip; a row."""
+    samples = []
+    for i in range(N_LATENCY):
+        value = 100 + (i % 2) * 500 + i
+        t0 = time.monotonic()
+        await char.write_value(servo_frame(BENCH_CHANNEL, value), with_response=with_response)
+        seen = await wait_pulse(control, value, 5)
+        if seen is not None:
+            samples.append((seen - t0) * 1000)
+    if not samples:
+        return (label, "write → emulated bus", "FAILED", "no sample applied")
+    return (label, "write → emulated bus p50 / p99 ms", "%.1f / %.1f" % (percentile(samples, 0.5), percentile(samples, 0.99)),
+            "%d of %d samples" % (len(samples), N_LATENCY))
+
+
+async def run_phone(device, central):
+    """The same latency from the iPhone-like central (phone.py: a new private
+    address, its own GATT server busy with bluetoothd's client) at ATT MTU
+    185 and at 23 (old iPhones), beside the plain Bumble central's rows of
+    the writevalue phase, same daemon, same run."""
+    import phone as iphone
+    p = iphone.shared(device)
+    control = central.ControlSocket()
+    rows = []
+    try:
+        for mtu in (185, 23):
+            await p.rotate_address()
+            result = await central.connect(device)
+            if result is None:
+                rows.append(("iPhone-like central, MTU %d" % mtu, "write → emulated bus", "FAILED", "board not found or FFE1 missing"))
+                continue
+            connection, peer, char, notifications, entry = result
+            try:
+                negotiated = await peer.request_mtu(mtu) if mtu > 23 else 23
+                await char.write_value(bytes([0x01, 0x02, BENCH_CHANNEL, 0x01]), with_response=True)
+                for kind, with_response in (("write cmd", False), ("write req", True)):
+                    rows.append(await latency(char, control, "iPhone-like central, MTU %d, %s" % (negotiated, kind), with_response))
+            finally:
+                await central.disconnect(device, connection)
+    finally:
+        control.close()
+    publish(rows, central, "phone")
 
 
 async def run(device, central, phase="bench-writevalue", control_path=None, name=None):
@@ -161,6 +193,13 @@ async def run(device, central, phase="bench-writevalue", control_path=None, name
     finally:
         control.close()
         await central.disconnect(device, connection)
+    publish(rows, central, "peer" if is_peer else "acquire" if acquire else "writevalue")
+
+
+def publish(rows, central, kind):
+    """Adds ROWS to the run's table (ble-bench.json, ble-bench.txt), prints
+    it, and records whether any row failed."""
+    out = os.environ.get("BLE_OUT", ".")
     store = os.path.join(out, "ble-bench.json")
     try:
         previous = json.load(open(store))
@@ -170,7 +209,7 @@ async def run(device, central, phase="bench-writevalue", control_path=None, name
     with open(store, "w") as f:
         json.dump(everything, f, indent=1)
     table_rows = [tuple(d[k] for k in ("path", "metric", "value", "notes")) for d in everything]
-    if acquire and os.environ.get("BLE_PEER", "0") != "1":
+    if kind == "acquire" and os.environ.get("BLE_PEER", "0") != "1":
         table_rows.append(("bluez-peripheral (Python)", "-", "-", "not measured (BLECONTROL_VM_BLE_PEER=0)"))
     header = ("path", "metric", "value", "notes")
     widths = [max(len(str(r[i])) for r in table_rows + [header]) for i in range(4)]
@@ -183,9 +222,9 @@ async def run(device, central, phase="bench-writevalue", control_path=None, name
     with open(os.path.join(out, "ble-bench.txt"), "w") as f:
         f.write(table + "\n")
     failed = [r for r in rows if r[2] == "FAILED"]
-    kind = "peer" if is_peer else "acquire" if acquire else "writevalue"
     central.record(not failed, "bench-" + kind, "BLE benchmark through %s ran (table in ble-bench.txt)"
-                   % {"peer": "a bluez-peripheral server", "acquire": "AcquireWrite", "writevalue": "WriteValue"}[kind], failed)
+                   % {"peer": "a bluez-peripheral server", "acquire": "AcquireWrite", "writevalue": "WriteValue",
+                      "phone": "the iPhone-like central at MTU 185 and 23"}[kind], failed)
 
 
 # --- The peer: the same workload through a bluez-peripheral GATT server -------

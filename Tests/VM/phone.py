@@ -61,6 +61,13 @@ class Watched(Characteristic):
         return await super().read_value(bearer)
 
 
+def shared(device):
+    """The one IPhone of `device` (its services can be added only once)."""
+    if getattr(device, "blecontrol_phone", None) is None:
+        device.blecontrol_phone = IPhone(device)
+    return device.blecontrol_phone
+
+
 class IPhone:
     """The phone's side: its GATT database and what it saw."""
 

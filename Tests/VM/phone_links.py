@@ -1,0 +1,364 @@
+"""What the phone-like central does to a link, for the VM tier (issue 19):
+the link lost mid-stream and the app coming back from a new private address
+(`reconnect` phase), and pairing with `ble.security: authenticated`
+(`pair` phase): the passkey typed from the board's LCD, the bond kept across
+a daemon restart, a bluetoothd restart and board reloads, the board's GATT
+handles cached by the phone, `ble.allow` by the phone's identity address,
+a wrong passkey, and `blecontrol forget-bonds`.
+
+Run by ble_central.py (`central` is that module: record, status_cli,
+connect, ...), on the same Bumble device and the same iPhone-like GATT
+server (phone.py) as the `phone` phase.
+
+How a lost link is made: the phone's controller sends HCI Disconnect with
+reason 0x08 (Connection Timeout). btvirt's controllers hand the reason to
+the other side (emulator/btdev.c, cmd_disconnect_complete), so the board's
+kernel and bluetoothd see exactly what a supervision timeout gives them, a
+Disconnection Complete with reason 0x08, and no LL_TERMINATE_IND. On the
+air that event comes the supervision timeout after the last packet (iOS
+asks for 2 to 6 s; here it comes at once).
+"""
+import asyncio
+import os
+import time
+
+from bumble import hci
+from bumble.core import UUID
+from bumble.pairing import PairingConfig, PairingDelegate
+
+CONNECTION_TIMEOUT = 0x08  # HCI error code: Connection Timeout (Core 5.3 Vol 1 Part F 1.3)
+DATABASE_HASH = UUID.from_16_bits(0x2B2A)
+
+
+def enable_frames():
+    return bytes([0x01, 0x02, 0x00, 0x01])
+
+
+def servo_frame(channel, value):
+    return bytes([0x02, 0x03, channel, value >> 8, value & 0xFF])
+
+
+def pulse(central, number):
+    return round(central.channel(central.status_cli(), number).get("pulse_us", 0))
+
+
+def near(us, target):
+    """Within one PCA9685 count (4.9 us at 50 Hz)."""
+    return abs(us - target) < 5
+
+
+async def link_loss(device, central, phone):
+    """The app streams SERVO_VAL at the phone's connection interval, the link
+    times out, the phone comes back from a new private address."""
+    address = await phone.rotate_address()
+    result = await central.connect(device)
+    if not central.record(result is not None, "l1", "iPhone-like central (%s) connects, FFE1 found" % address):
+        return
+    connection, peer, char, notifications, entry = result
+    await peer.request_mtu(185)
+    # Whether the board stays on the air while connected (a figure: the
+    # kernel takes the advertising set off when a central connects, and
+    # puts it back on disconnection, hci_event.c; the HM-10 did the same).
+    still = await central.scan(device, 5)
+    central.say("FIGURE a 5 s scan while the phone is connected %s the board" % ("finds" if still else "does not find"))
+    for ch in range(8):
+        await char.write_value(bytes([0x01, 0x02, ch, 0x01]), with_response=True)
+    await char.write_value(bytes([0x06, 0x02, 0x00, 0x01]), with_response=False)
+    await char.write_value(bytes([0x03, 0x03, 0x04, 0x01, 0xF4]), with_response=False)  # PWM ch4 50 %
+    for step in range(40):
+        await char.write_value(servo_frame(3, 100 + step * 10), with_response=False)
+        await asyncio.sleep(0.015)
+    # The last value the stream sent is on the chip before the link goes.
+    streamed = await central.wait_for(lambda: near(pulse(central, 3), 1490), 10)
+    central.record(streamed, "l2", "streaming SERVO_VAL at 15 ms: the last value applied (ch3 1490 us)", pulse(central, 3))
+    await device.disconnect(connection, CONNECTION_TIMEOUT)
+    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status_cli()), 15, 0.2)
+    report = report or central.status_cli()
+    failsafe = report["servo"].get("failsafe")
+    switches = [s.get("on") for s in report.get("switches", [])]
+    duty = central.channel(report, 4).get("duty", 0)
+    ok = failsafe is not None and near(pulse(central, 3), 1500) and duty == 0 and not any(switches) and not central.ble_sessions(report)
+    central.record(ok, "l3", "link lost (Disconnection Complete, reason 0x08 Connection Timeout) -> session ended, failsafe engaged (%s): "
+                   "ch3 at its failsafe pulse 1500 us, PWM off, switches off" % failsafe,
+                   (failsafe, pulse(central, 3), duty, switches, central.ble_sessions(report)))
+    # The app comes back from a new private address.
+    returning = await phone.rotate_address()
+    result = await central.connect(device)
+    if not central.record(result is not None, "l4", "the phone returns from a new private address (%s), FFE1 found" % returning):
+        return
+    connection, peer, char, notifications, entry = result
+    still = central.status_cli()["servo"].get("failsafe")
+    central.record(still is not None, "l5", "connected again but no frame yet: the failsafe still holds", still)
+    await char.write_value(servo_frame(3, 200), with_response=False)
+    await char.write_value(enable_frames(), with_response=True)
+    cleared = await central.wait_for(lambda: central.status_cli()["servo"].get("failsafe") is None and near(pulse(central, 3), 1200), 10)
+    central.record(cleared, "l6", "the returning phone's first frames clear the failsafe (ch3 1200 us)",
+                   (central.status_cli()["servo"].get("failsafe"), pulse(central, 3)))
+    await central.disconnect(device, connection)
+    await central.wait_for(lambda: len(central.ble_sessions(central.status_cli())) == 0, 10)
+
+
+class Keyboard(PairingDelegate):
+    """The phone's side of passkey entry: it types what the board shows
+    (the LCD's "PIN nnnnnn" line, read from status), or a wrong number."""
+
+    def __init__(self, central, wrong=False):
+        super().__init__(io_capability=PairingDelegate.IoCapability.KEYBOARD_INPUT_ONLY)
+        self.central = central
+        self.wrong = wrong
+        self.shown = None
+
+    async def get_number(self):
+        def shown():
+            report = self.central.status_cli()
+            for line in report["lcd"]["lines"]:
+                if line.startswith("PIN "):
+                    return line[4:10], report
+            return None
+        found = await self.central.wait_for(shown, 30, 0.2)
+        if not found:
+            return None
+        self.shown = found
+        number = int(found[0])
+        return (number + 1) % 1000000 if self.wrong else number
+
+
+def board_with(base, path, **ble):
+    """A copy of the simulator board with some `ble:` keys replaced."""
+    lines = []
+    for line in open(base):
+        key = line.strip().split(":")[0]
+        if line.startswith("  ") and not line.startswith("   ") and key in ble:
+            line = "  %s: %s\n" % (key, ble[key])
+        lines.append(line)
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return path
+
+
+async def reload_board(central, path, **ble):
+    """Rewrites the daemon's board file and sends SIGHUP; waits until the
+    reload is applied and the daemon advertises with the new name (each
+    reload here gives a new one: the BLE side restarts on its own thread
+    after the reload is counted, so only the new name proves the new
+    settings are on the air)."""
+    board_with(os.environ["BOARD_BASE"], path, **ble)
+    before = central.status_cli()["configuration"]["reloads"]
+    os.kill(int(open(os.environ["DAEMON_PIDFILE"]).read().strip()), 1)
+
+    def done():
+        report = central.status_cli()
+        return (report["configuration"]["reloads"] > before and (report["configuration"].get("last_reload") or "").startswith("applied")
+                and ("advertising as %s " % ble["name"]) in central.ble_state(report))
+    return await central.wait_for(done, 30, 0.3)
+
+
+async def reconnect_bonded(device, central, phone, handle, value, name=None):
+    """A bonded phone comes back: a new private address, encryption with its
+    stored key, then a write to the FFE1 handle it cached, with no discovery.
+    Returns (connection, why-not)."""
+    await phone.rotate_address()
+    entry = await central.scan(device, 30, name)
+    if entry is None:
+        return None, "board not found"
+    phone.security_event.clear()
+    connection = await device.connect(entry["address"], timeout=20)
+    # The phone encrypts once the board asks: bluetoothd sends a Security
+    # Request when it holds the phone's key ("Elevating security level since
+    # LTK is available", src/device.c). Encrypting before that request
+    # races bluetoothd: if the link is encrypted between its reading the
+    # security level and its raising it, the kernel answers the raise with
+    # EINVAL (l2cap_sock_setsockopt: smp_conn_security() says "already
+    # sufficient") and bluetoothd drops the ATT channel, and with it the
+    # link (seen here with 5.66; the code is the same in 5.82).
+    try:
+        await asyncio.wait_for(phone.security_event.wait(), 5)
+    except asyncio.TimeoutError:
+        pass
+    try:
+        await asyncio.wait_for(connection.encrypt(), 20)
+    except (Exception, asyncio.CancelledError) as error:
+        return connection, "encryption: %r" % error
+    try:
+        await connection.gatt_client.write_value(handle, enable_frames(), with_response=True)
+        await connection.gatt_client.write_value(handle, servo_frame(0, value), with_response=True)
+    except (Exception, asyncio.CancelledError) as error:
+        # A link dropped mid-write cancels the request (Bumble).
+        return connection, "write to cached handle 0x%04X: %r" % (handle, error)
+    return connection, None
+
+
+async def database_hash(connection):
+    try:
+        values = await connection.gatt_client.read_characteristics_by_uuid(DATABASE_HASH, None)
+        return values[0].hex() if values else None
+    except Exception as error:
+        return "unreadable (%r)" % error
+
+
+async def pairing(device, central, phone):
+    try:
+        await pairing_steps(device, central, phone)
+    finally:
+        device.pairing_config_factory = lambda _: PairingConfig()
+        # The default daemon again for the phases after this one.
+        await central.restart_daemon(None, "daemon-ble-after-pair.log")
+
+
+async def pairing_steps(device, central, phone):
+    board = os.path.join(os.environ.get("BLE_WORK", "/tmp"), "board-pair.yaml")
+    identity = device.public_address.to_string(False)
+    board_with(os.environ["BOARD_BASE"], board, security="authenticated", allow="[%s]" % identity)
+    # The phone's key material, as a real one has: a random IRK it gives
+    # the board when bonding, so the board can resolve its later addresses.
+    device.irk = os.urandom(16)
+    ok = await central.restart_daemon(board, "daemon-ble-pair.log")
+    if not central.record(ok, "q1", "daemon restarted with ble.security: authenticated, ble.allow: [%s] (the phone's identity), advertising" % identity,
+                          central.ble_state(central.status_cli())):
+        return
+
+    # An unbonded phone: refused, nothing moves. ch0 first set through the
+    # control socket (its failsafe holds the value once that session ends).
+    central.subprocess.run([central.CLI, "send", "01020001", "0203000064", "--socket", central.SOCKET], capture_output=True, timeout=30)
+    before = pulse(central, 0)
+    await phone.rotate_address()
+    result = await central.connect(device, subscribe=False)
+    if not central.record(result is not None, "q2", "unbonded iPhone-like central connects from a private address, FFE1 found"):
+        return
+    connection, peer, char, notifications, entry = result
+    await peer.request_mtu(185)
+    await char.write_value(servo_frame(0, 900), with_response=False)
+    refused = None
+    try:
+        await char.write_value(enable_frames(), with_response=True)
+    except Exception as error:
+        refused = error
+    code = getattr(refused, "error_code", None)
+    central.record(refused is not None and near(before, 1100) and near(pulse(central, 0), before), "q3",
+                   "unbonded: the write with response is refused (ATT error 0x%02X) and the write without response "
+                   "before it moved nothing (ch0 %d us)" % (code or 0, pulse(central, 0)), repr(refused))
+    handle = char.handle
+
+    # A wrong passkey: pairing fails, the board keeps advertising.
+    keyboard = Keyboard(central, wrong=True)
+    device.pairing_config_factory = lambda _: PairingConfig(sc=True, mitm=True, bonding=True, delegate=keyboard,
+                                                            identity_address_type=PairingConfig.AddressType.PUBLIC)
+    failed = None
+    try:
+        await asyncio.wait_for(connection.pair(), 60)
+    except Exception as error:
+        failed = error
+    central.record(failed is not None and keyboard.shown is not None, "q4",
+                   "a wrong passkey (the LCD showed %s, the phone typed another): pairing fails (%r)"
+                   % (keyboard.shown[0] if keyboard.shown else "nothing", failed))
+    await central.disconnect(device, connection)
+    cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"])
+                                     and not central.ble_sessions(central.status_cli()), 15)
+    central.record(cleared, "q5", "after the failed pairing the passkey is off the LCD", central.status_cli()["lcd"]["lines"])
+
+    # The right passkey: bonded, writes accepted.
+    await phone.rotate_address()
+    result = await central.connect(device, subscribe=False)
+    if not central.record(result is not None, "q6", "the board still advertises after the failed pairing: found and connected again"):
+        return
+    connection, peer, char, notifications, entry = result
+    keyboard = Keyboard(central)
+    device.pairing_config_factory = lambda _: PairingConfig(sc=True, mitm=True, bonding=True, delegate=keyboard,
+                                                            identity_address_type=PairingConfig.AddressType.PUBLIC)
+    started = time.monotonic()
+    error = None
+    try:
+        await asyncio.wait_for(connection.pair(), 60)
+    except Exception as failure:
+        error = failure
+    took = time.monotonic() - started
+    shown = keyboard.shown[1] if keyboard.shown else {}
+    central.record(error is None and keyboard.shown is not None and "passkey %s" % keyboard.shown[0] in central.ble_state(shown),
+                   "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (also in status: '%s'); "
+                   "bonded in %.2f s" % (central.ble_state(shown), took), repr(error))
+    central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
+    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status_cli())), 10)
+    central.record(state is not None and not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"]), "q8",
+                   "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status_cli()))
+    try:
+        answered = await phone_session(char)
+        error = None
+    except Exception as failure:
+        answered, error = -1, failure
+    report = central.status_cli()
+    servos = [round(central.channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
+    central.record(answered == 10 and all(abs(us - 1600) < 5 for us in servos), "q9",
+                   "bonded and encrypted, from a private address, allowed by its identity address: the demo app's session applied "
+                   "(%d writes answered, servos %s)" % (answered, servos), repr(error))
+    hash_before = await database_hash(connection)
+    await central.disconnect(device, connection)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+
+    # The bond and the cached handle across a new address, a daemon restart,
+    # a bluetoothd restart and board reloads.
+    cases = [("q10", "a new private address", None, None),
+             ("q11", "a daemon restart", "daemon", None),
+             ("q12", "a bluetoothd restart", "bluetoothd", None),
+             ("q13", "a board reload (SIGHUP) that renames the board", "reload", {"name": "BLEControl-R1"}),
+             ("q14", "a board reload that changes ble.security to encrypted", "reload", {"name": "BLEControl-R2", "security": "encrypted"})]
+    value = 300
+    for ident, what, change, ble in cases:
+        name = None
+        if change == "daemon":
+            ok = await central.restart_daemon(board, "daemon-ble-pair2.log")
+        elif change == "bluetoothd":
+            ok = await central.start_bluetoothd(os.environ.get("BLUETOOTHD_BLECONTROL_ARGS", "").split(), "bluetoothd-pair.log")
+        elif change == "reload":
+            ble = dict(ble, allow="[%s]" % identity)
+            ble.setdefault("security", "authenticated")
+            name = ble["name"]
+            ok = await reload_board(central, board, **ble)
+        else:
+            ok = True
+        if not central.record(ok, ident + "a", "after %s the daemon advertises" % what, central.ble_state(central.status_cli())):
+            continue
+        value += 50
+        connection, why = await reconnect_bonded(device, central, phone, handle, value, name)
+        applied = why is None and await central.wait_for(lambda: near(pulse(central, 0), 1000 + value), 10)
+        hash_now = await database_hash(connection) if connection else None
+        central.record(applied and hash_now == hash_before, ident,
+                       "after %s: the bonded phone encrypts with its stored key and writes to the FFE1 handle it cached (0x%04X) "
+                       "without discovery -> ch0 %d us; Database Hash unchanged (%s)" % (what, handle, 1000 + value, hash_now),
+                       (why, pulse(central, 0), hash_before, hash_now))
+        if connection:
+            await central.disconnect(device, connection)
+        await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+
+    # ble.allow: the same bonded phone, not on the list, is refused.
+    ok = await reload_board(central, board, name="BLEControl-R3", security="authenticated", allow="[00:11:22:33:44:55]")
+    connection, why = await reconnect_bonded(device, central, phone, handle, 777, "BLEControl-R3")
+    state = central.ble_state(central.status_cli())
+    # With the HM-10 layout (FFE1 also write-without-response) bluetoothd
+    # answers a write request before the daemon has (see the "ack" phase),
+    # so the phone is not told: the refusal shows in status, and nothing moves.
+    central.record(ok and (why is None or "write to cached handle" in why) and not near(pulse(central, 0), 1777) and "refused (ble.allow)" in state,
+                   "q15", "ble.allow without the phone's identity: the bonded, encrypted phone's writes are refused (counted in status), nothing moves",
+                   (why, pulse(central, 0), state))
+    if connection:
+        await central.disconnect(device, connection)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+    await reload_board(central, board, name="BLEControl-R4", security="authenticated", allow="[%s]" % identity)
+
+    # forget-bonds: the board drops the keys; the phone's old key no longer
+    # encrypts, and its writes are refused again.
+    out = central.subprocess.run([central.CLI, "forget-bonds", "--socket", central.SOCKET], capture_output=True, text=True, timeout=30)
+    central.record(out.returncode == 0 and identity in out.stdout, "q16", "blecontrol forget-bonds forgets the phone by its identity address ('%s')"
+                   % out.stdout.strip(), out.stderr.strip())
+    connection, why = await reconnect_bonded(device, central, phone, handle, 888, "BLEControl-R4")
+    central.record(why is not None and not near(pulse(central, 0), 1888), "q17",
+                   "after forget-bonds the phone's stored key is refused (%s) and nothing moves" % why, pulse(central, 0))
+    if connection:
+        await central.disconnect(device, connection)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+    out = central.subprocess.run([central.CLI, "forget-bonds", "--socket", central.SOCKET], capture_output=True, text=True, timeout=30)
+    central.record(out.returncode == 0 and "no bonds" in out.stdout, "q18", "forget-bonds again: nothing left to forget", out.stdout + out.stderr)
+
+
+async def phone_session(char):
+    import phone as iphone
+    return await iphone.run_session(char, 0.015, b"bonded")
