@@ -56,12 +56,12 @@ controllers_listed() { # both of btvirt's controllers finished their set-up
     case " $listed " in *" hci0 "*) ;; *) return 1 ;; esac
     case " $listed " in *" hci1 "*) ;; *) return 1 ;; esac
 }
-# Dual-mode Bluetooth 5.2 controllers (btvirt's default type, not -L's
-# LE-only 4.x one): the kernel then advertises with the extended advertising
-# commands, which BlueZ 5.80's btdev repeats at the advertisement's interval
-# as a radio does (Tests/VM/build-btvirt). Legacy advertising, the only kind
-# an LE-only btdev has, is still reported once per scan.
-btvirt_args=${BTVIRT_ARGS:--l2}
+# With BlueZ 5.82's btvirt (BTVIRT set, Tests/VM/build-btvirt): dual-mode
+# Bluetooth 5.2 controllers, so that the kernel advertises with the extended
+# advertising commands, which 5.80's btdev repeats at the advertisement's
+# interval as a radio does. Otherwise bookworm's, LE-only (-L): its
+# legacy advertising is reported once when scanning starts.
+if [ -n "${BTVIRT:-}" ]; then btvirt_args=${BTVIRT_ARGS:--l2}; else btvirt_args=${BTVIRT_ARGS:--L -l2}; fi
 btvirt_pid=""
 for attempt in 1 2 3 4 5; do
     [ -z "$btvirt_pid" ] || { kill "$btvirt_pid" 2>/dev/null; wait "$btvirt_pid" 2>/dev/null; }
