@@ -214,8 +214,7 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var interval = AdvertisingInterval.fast
     private var intervalTimer: LoopToken?
     /// The central whose passkey is on display, and the passkey.
-    private var pairing: String?
-    private var passkey: String?
+    private var pairing: (device: String, passkey: String)?
     private var notifying = false
     private var value: [UInt8] = []
     private var centrals: Set<String> = []
@@ -550,7 +549,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         } else if interface == "org.bluez.Device1", path.hasPrefix(adapterPath + "/") {
             learnDevice(path, changed)
             // bluetoothd does not tell the agent that pairing succeeded: Paired does.
-            if path == pairing, changed["Paired"]?.boolValue == true || changed["Connected"]?.boolValue == false { pairingEnded() }
+            if path == pairing?.device, changed["Paired"]?.boolValue == true || changed["Connected"]?.boolValue == false { pairingEnded() }
             if changed["Connected"]?.boolValue == false { centralGone(path, why: "disconnected") }
         }
     }
@@ -640,7 +639,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         if configuration.security == .authenticated {
             connection.export(path: Self.agentPath, interfaces: [GATTObjects.agent(
                 show: { [weak self] device, passkey in self?.showPasskey(passkey, for: device) },
-                showing: { [weak self] in self?.pairing },
+                showing: { [weak self] in self?.pairing?.device },
                 end: { [weak self] in self?.pairingEnded() },
                 released: { [weak self] in self?.feed(.agentReleased) }
             )])
@@ -654,17 +653,15 @@ public final class BLEPeripheral: @unchecked Sendable {
     }
 
     private func showPasskey(_ passkey: String, for device: String) {
-        pairing = device
-        self.passkey = passkey
+        pairing = (device, passkey)
         logger.notice("BLE: pairing with \(device): passkey \(passkey)")
         handlers.passkey(device, passkey)
         publish()
     }
 
     private func pairingEnded() {
-        guard let device = pairing else { return }
+        guard let device = pairing?.device else { return }
         pairing = nil
-        passkey = nil
         logger.info("BLE: pairing with \(device) ended")
         handlers.passkey(device, nil)
         publish()
@@ -892,7 +889,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         }
         var statistics = self.statistics
         statistics.registrations = registration.registrations
-        let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics, passkey: passkey)
+        let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics, passkey: pairing?.passkey)
         statusLock.withLock { published = snapshot }
     }
 }
