@@ -55,6 +55,10 @@ let package = Package(
         // C views of i2c-dev and libgpiod (from libi2c-dev and libgpiod-dev).
         .target(name: "CLinuxI2C", linkerSettings: [linkC("i2c")]),
         .target(name: "CGPIOD", linkerSettings: [linkC("gpiod")]),
+        // libmosquitto, opened with dlopen only when a board file asks for
+        // MQTT (Sources/CMosquitto/include/CMosquitto.h says why); dlopen is
+        // in libc itself since glibc 2.34 (bookworm has 2.36).
+        .target(name: "CMosquitto"),
         // libdbus-1 (libdbus-1-dev) and the BlueZ peripheral built on it.
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
         // The libdbus-1 binding: connection on the reactor, marshalling,
@@ -86,7 +90,7 @@ let package = Package(
         // Board files: the YAML subset, the schema, the validated configuration.
         .target(name: "Board", dependencies: ["BlueZ", "Devices", "Hardware", "Reactor"]),
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor",
+            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "CMosquitto",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
         ]),

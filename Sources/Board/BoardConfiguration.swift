@@ -23,6 +23,8 @@ public struct BoardConfiguration: Sendable, Equatable {
     public var tcp: TCPConfiguration?
     /// The HM-10 serial transport, nil when there is none.
     public var serial: SerialConfiguration? = nil
+    /// The MQTT transport, nil when there is none.
+    public var mqtt: MQTTConfiguration? = nil
     /// Where the control socket for `blecontrol` listens.
     public var controlSocketPath: String
     /// A partial frame older than this is discarded (docs/protocol.md); nil: never.
@@ -278,5 +280,52 @@ public struct TCPConfiguration: Sendable, Equatable {
         self.host = host
         self.port = port
         self.maxConnections = maxConnections
+    }
+}
+
+/// The MQTT transport: the board as a client of a broker (docs/protocol.md,
+/// "MQTT").
+public struct MQTTConfiguration: Sendable, Equatable {
+    public var host: String
+    public var port: UInt16
+    /// The client id; nil: `blecontrol-` and the board's topic name.
+    public var clientID: String?
+    /// The first levels of every topic (the board's name follows).
+    public var topicPrefix = "blecontrol"
+    /// Seconds between keepalive pings; the broker declares the board
+    /// offline (its will) after 1.5 times this without a packet.
+    public var keepalive = 15
+    public var username: String?
+    /// A file holding the password (first line), readable by root and the
+    /// service user only: the board file is world-readable.
+    public var passwordFile: String?
+    /// TLS: the CA certificate the broker's certificate must chain to.
+    public var caFile: String?
+    public var certFile: String?
+    public var keyFile: String?
+    /// How often the retained status is refreshed when it changed.
+    public var statusInterval: Duration = .seconds(1)
+
+    public init(host: String, port: UInt16) {
+        self.host = host
+        self.port = port
+    }
+
+    /// Whether TLS is on (it is when a CA file is given).
+    public var tls: Bool { caFile != nil }
+
+    /// Whether `text` can stand in a topic: no wildcards, no NUL, no empty
+    /// level; `/` only where several levels are allowed.
+    public static func isTopicLevel(_ text: String, allowSlash: Bool) -> Bool {
+        guard !text.isEmpty, text.utf8.count < 256 else { return false }
+        if text.contains(where: { $0 == "+" || $0 == "#" || $0 == "\0" }) { return false }
+        if !allowSlash { return !text.contains("/") }
+        return !text.split(separator: "/", omittingEmptySubsequences: false).contains(where: \.isEmpty)
+    }
+
+    /// The board's name as one topic level: characters a topic or Home
+    /// Assistant's ids cannot take become `_`.
+    public static func topicName(_ board: String) -> String {
+        String(board.map { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") ? $0 : "_" })
     }
 }

@@ -20,9 +20,10 @@ extension BoardReader {
         let led = top.entries["led"].flatMap(statusLED)
         let switches = top.entries["switches"].map { switchList($0, servo: servo, led: led) } ?? []
         let ble = bluetooth(top.entries["ble"])
-        let transports = top.entries["transports"].flatMap { mapping($0, "transports", allowed: ["tcp", "serial"]) }
+        let transports = top.entries["transports"].flatMap { mapping($0, "transports", allowed: ["tcp", "serial", "mqtt"]) }
         let tcp = tcpTransport(transports)
         let serial = serialTransport(transports)
+        let mqtt = mqttTransport(transports)
         var controlSocket = "/run/blecontrol/control.sock"
         if let node = top.entries["control"], let fields = mapping(node, "control", allowed: ["socket"]) {
             controlSocket = string(fields, "socket", default: controlSocket) ?? controlSocket
@@ -56,6 +57,7 @@ extension BoardReader {
         )
         configuration.switches = switches
         configuration.serial = serial
+        configuration.mqtt = mqtt
         return configuration
     }
 
@@ -466,6 +468,63 @@ extension BoardReader {
         // LimitNOFILE= leaves room for 4096.
         endpoint.maxConnections = integer(tcp, "max_connections", in: 1...4000, default: 64) ?? 64
         return endpoint
+    }
+}
+
+extension BoardReader {
+    fileprivate func mqttTransport(_ fields: Fields?) -> MQTTConfiguration? {
+        guard let node = fields?.entries["mqtt"], let mqtt = mapping(node, "transports.mqtt", allowed: [
+            "enabled", "broker", "client_id", "topic_prefix", "keepalive_s", "username", "password_file",
+            "ca_file", "cert_file", "key_file", "status_interval_ms",
+        ]) else { return nil }
+        guard bool(mqtt, "enabled", default: true) else { return nil }
+        var configuration = MQTTConfiguration(host: "", port: 1883)
+        let tls = string(mqtt, "ca_file") != nil
+        guard let broker = string(mqtt, "broker", required: true) else { return nil }
+        // HOST, or HOST:PORT; the port defaults to MQTT's (1883, 8883 with TLS).
+        if let endpoint = TCPConfiguration(endpoint: broker), endpoint.port != 0 {
+            configuration.host = endpoint.host
+            configuration.port = endpoint.port
+        } else if !broker.isEmpty, !broker.contains(where: { $0 == " " || $0 == "/" || $0 == ":" }) {
+            configuration.host = broker
+            configuration.port = tls ? 8883 : 1883
+        } else {
+            fail(mqtt.entries["broker"], "transports.mqtt.broker", "\"\(broker)\" is not HOST or HOST:PORT (e.g. mqtt.local or 192.168.1.2:1883)")
+            return nil
+        }
+        func path(_ key: String) -> String? {
+            guard let value = string(mqtt, key) else { return nil }
+            if !value.hasPrefix("/") { fail(mqtt.entries[key], "transports.mqtt.\(key)", "must be an absolute path") }
+            return value
+        }
+        configuration.clientID = string(mqtt, "client_id")
+        if let id = configuration.clientID, id.isEmpty || id.utf8.count > 23 * 8 {
+            fail(mqtt.entries["client_id"], "transports.mqtt.client_id", "must be 1 to 184 bytes")
+        }
+        if let prefix = string(mqtt, "topic_prefix", default: "blecontrol") {
+            if !MQTTConfiguration.isTopicLevel(prefix, allowSlash: true) {
+                fail(mqtt.entries["topic_prefix"], "transports.mqtt.topic_prefix", "\"\(prefix)\" is not a topic prefix (no +, #, empty levels or leading /)")
+            }
+            configuration.topicPrefix = prefix
+        }
+        // MQTT's keepalive is a 16-bit count of seconds; libmosquitto wants 5 or more.
+        configuration.keepalive = integer(mqtt, "keepalive_s", in: 5...65_535, default: 15) ?? 15
+        configuration.username = string(mqtt, "username")
+        configuration.passwordFile = path("password_file")
+        if configuration.passwordFile != nil, configuration.username == nil {
+            fail(mqtt.entries["password_file"], "transports.mqtt.password_file", "needs transports.mqtt.username")
+        }
+        configuration.caFile = path("ca_file")
+        configuration.certFile = path("cert_file")
+        configuration.keyFile = path("key_file")
+        if (configuration.certFile == nil) != (configuration.keyFile == nil) {
+            fail(mqtt.entries["cert_file"] ?? mqtt.entries["key_file"], "transports.mqtt.cert_file", "and key_file go together")
+        }
+        if configuration.certFile != nil, configuration.caFile == nil {
+            fail(mqtt.entries["cert_file"], "transports.mqtt.cert_file", "needs transports.mqtt.ca_file (a client certificate is TLS)")
+        }
+        configuration.statusInterval = .milliseconds(integer(mqtt, "status_interval_ms", in: 100...3_600_000, default: 1000) ?? 1000)
+        return configuration
     }
 }
 

@@ -123,6 +123,15 @@ transports:
   #   baud: 9600                  # the module's rate (1200…230400); 8N1
   #   at_setup: true              # AT, AT+NOTI1 (connection notices), AT+NAME
   #   name: BLEControl            # AT+NAME: up to 12 characters
+  # An MQTT broker (needs libmosquitto1; docs/protocol.md, "MQTT"): the
+  # board's topics are PREFIX/NAME/..., the broker connection is one central.
+  # mqtt:
+  #   broker: 192.168.1.2:1883    # HOST or HOST:PORT (8883 with ca_file)
+  #   username: robot1
+  #   password_file: /etc/blecontrol/mqtt-password  # mode 0640, group blecontrol
+  #   ca_file: /etc/ssl/certs/my-ca.pem             # TLS on
+  #   keepalive_s: 15             # offline (the will) after 1.5 × this
+  #   topic_prefix: blecontrol
 
 control:
   socket: /tmp/blecontrol-simulator.sock

@@ -220,18 +220,20 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var tcp: String?
         public var ble: String?
         public var serial: String?
+        public var mqtt: String?
         public var control: String?
 
-        public init(tcp: String? = nil, ble: String? = nil, serial: String? = nil, control: String? = nil) {
+        public init(tcp: String? = nil, ble: String? = nil, serial: String? = nil, mqtt: String? = nil, control: String? = nil) {
             self.tcp = tcp
             self.ble = ble
             self.serial = serial
+            self.mqtt = mqtt
             self.control = control
         }
 
         /// The transports that are set, by name, in a fixed order.
         public var named: [(String, String)] {
-            [("ble", ble), ("control", control), ("serial", serial), ("tcp", tcp)].compactMap { name, state in state.map { (name, $0) } }
+            [("ble", ble), ("control", control), ("mqtt", mqtt), ("serial", serial), ("tcp", tcp)].compactMap { name, state in state.map { (name, $0) } }
         }
     }
 

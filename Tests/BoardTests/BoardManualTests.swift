@@ -34,8 +34,9 @@ struct BoardManualTests {
     func manualMatchesSchema() throws {
         let simulator = try String(contentsOf: repositoryRoot.appendingPathComponent("board/simulator.yaml"), encoding: .utf8)
         let hexapod = try String(contentsOf: repositoryRoot.appendingPathComponent("board/hexapod.yaml"), encoding: .utf8)
-        // The one section no shipped board file uses: an HM-10 on a UART.
-        let withSerial = simulator.replacingOccurrences(of: "transports:\n  tcp:", with: "transports:\n  serial:\n    device: /dev/ttyS0\n  tcp:")
+        // The sections no shipped board file uses: an HM-10 on a UART, MQTT.
+        let withSerial = simulator.replacingOccurrences(of: "transports:\n  tcp:",
+                                                        with: "transports:\n  serial:\n    device: /dev/ttyS0\n  mqtt:\n    broker: mqtt.local\n  tcp:")
         #expect(withSerial != simulator)
         let (accepted, sites) = try Self.acceptedKeys([withSerial, hexapod])
 

@@ -29,6 +29,7 @@ public final class BoardRuntime: @unchecked Sendable {
     let tcp: TCPTransport
     let ble: BLETransport
     let serial: SerialTransport?
+    let mqtt: MQTTTransport?
     private let control: ControlServer
     private let controlSocketPath: String
     var watch: FailsafeWatch?
@@ -67,6 +68,7 @@ public final class BoardRuntime: @unchecked Sendable {
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         let (loop, hub, logger) = (loop, hub, logger)
         serial = configuration.serial.map { SerialTransport(loop: loop, hub: hub, configuration: $0, logger: logger) }
+        mqtt = configuration.mqtt.map { MQTTTransport(loop: loop, hub: hub, configuration: $0, boardName: configuration.name, logger: logger) }
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         control.pollProvider = { [unowned self] in self.pollOnLoop() }
@@ -105,6 +107,11 @@ public final class BoardRuntime: @unchecked Sendable {
                 serial.onState = { [unowned self] state in transportState.serial = state }
                 serial.start()
             }
+            if let mqtt {
+                mqtt.onState = { [unowned self] state in transportState.mqtt = state }
+                mqtt.statusProvider = { [unowned self] in self.statusOnLoop() }
+                mqtt.start()
+            }
             try control.start(path: controlSocketPath)
             transportState.control = controlSocketPath
             indicator?.start()
@@ -125,6 +132,7 @@ public final class BoardRuntime: @unchecked Sendable {
             _ = try? loop.submitAndWait { [self] in
                 tcp.stop()
                 serial?.stop()
+                mqtt?.stop()
                 control.stop()
                 watch?.cancel()
                 indicator?.stop()

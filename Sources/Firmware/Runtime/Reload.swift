@@ -53,6 +53,7 @@ extension BoardRuntime {
         if new.lcd != old.lcd { restartOnly.append("lcd") }
         if new.led != old.led { restartOnly.append("led") }
         if new.serial != old.serial { restartOnly.append("transports.serial") }
+        if new.mqtt != old.mqtt { restartOnly.append("transports.mqtt") }
         if new.controlSocketPath != old.controlSocketPath { restartOnly.append("control.socket") }
         if new.realtimePriority != old.realtimePriority || new.lockMemory != old.lockMemory { restartOnly.append("realtime") }
         guard restartOnly.isEmpty else {

@@ -2,13 +2,13 @@ import BLEControlProtocol
 
 /// How a session reaches the board.
 public enum TransportKind: String, Sendable, CaseIterable, CustomStringConvertible {
-    case tcp, ble, serial
+    case tcp, ble, serial, mqtt
     /// `blecontrol` on the control socket: drives the outputs like a
     /// central, but is an operator, not a central (it neither keeps the
     /// board out of failsafe nor ends it).
     case control
 
-    /// BLE, TCP and serial sessions are centrals; the CLI is not.
+    /// BLE, TCP, serial and MQTT sessions are centrals; the CLI is not.
     public var isCentral: Bool { self != .control }
     public var description: String { rawValue }
 }
@@ -71,6 +71,14 @@ public final class Session: @unchecked Sendable {
     /// ERROR reply (if the decoder gives one) goes to the central.
     public func expire(at now: ContinuousClock.Instant = .now) {
         if let event = decoder.expire(at: now), let reply = record(event, at: now) {
+            send(FrameEncoder.encode(reply))
+        }
+    }
+
+    /// The end of a message that holds whole frames (MQTT): a frame it cut
+    /// short is discarded, as if idle past the timeout.
+    public func endOfMessage(at now: ContinuousClock.Instant = .now) {
+        if let event = decoder.reset(), let reply = record(event, at: now) {
             send(FrameEncoder.encode(reply))
         }
     }

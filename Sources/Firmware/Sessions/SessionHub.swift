@@ -76,6 +76,14 @@ public final class SessionHub: @unchecked Sendable {
         rearm(session)
     }
 
+    /// `session`'s message ended (MQTT: one message holds whole frames).
+    public func endOfMessage(_ session: Session) {
+        loop.assertInLoop()
+        guard open[session.id] != nil, session.hasPartialFrame else { return }
+        session.endOfMessage(at: loop.now)
+        rearm(session)
+    }
+
     /// The central went away.
     public func close(_ session: Session) {
         loop.assertInLoop()
