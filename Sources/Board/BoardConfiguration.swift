@@ -305,6 +305,9 @@ public struct MQTTConfiguration: Sendable, Equatable {
     public var keyFile: String?
     /// How often the retained status is refreshed when it changed.
     public var statusInterval: Duration = .seconds(1)
+    /// Home Assistant discovery: the board as a device, an entity per output.
+    public var discovery = true
+    public var discoveryPrefix = "homeassistant"
 
     public init(host: String, port: UInt16) {
         self.host = host

@@ -475,7 +475,7 @@ extension BoardReader {
     fileprivate func mqttTransport(_ fields: Fields?) -> MQTTConfiguration? {
         guard let node = fields?.entries["mqtt"], let mqtt = mapping(node, "transports.mqtt", allowed: [
             "enabled", "broker", "client_id", "topic_prefix", "keepalive_s", "username", "password_file",
-            "ca_file", "cert_file", "key_file", "status_interval_ms",
+            "ca_file", "cert_file", "key_file", "status_interval_ms", "discovery", "discovery_prefix",
         ]) else { return nil }
         guard bool(mqtt, "enabled", default: true) else { return nil }
         var configuration = MQTTConfiguration(host: "", port: 1883)
@@ -524,6 +524,13 @@ extension BoardReader {
             fail(mqtt.entries["cert_file"], "transports.mqtt.cert_file", "needs transports.mqtt.ca_file (a client certificate is TLS)")
         }
         configuration.statusInterval = .milliseconds(integer(mqtt, "status_interval_ms", in: 100...3_600_000, default: 1000) ?? 1000)
+        configuration.discovery = bool(mqtt, "discovery", default: true)
+        if let prefix = string(mqtt, "discovery_prefix", default: "homeassistant") {
+            if !MQTTConfiguration.isTopicLevel(prefix, allowSlash: true) {
+                fail(mqtt.entries["discovery_prefix"], "transports.mqtt.discovery_prefix", "\"\(prefix)\" is not a topic prefix (no +, #, empty levels or leading /)")
+            }
+            configuration.discoveryPrefix = prefix
+        }
         return configuration
     }
 }

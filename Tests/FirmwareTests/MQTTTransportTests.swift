@@ -2,6 +2,7 @@ import BLEControlProtocol
 import Board
 import Control
 import Foundation
+import Reactor
 import Testing
 @testable import Firmware
 
@@ -24,7 +25,7 @@ private final class Broker {
         try """
         user board
         topic readwrite blecontrol/#
-        topic write homeassistant/#
+        topic readwrite homeassistant/#
         user operator
         topic readwrite blecontrol/#
         topic read homeassistant/#
@@ -92,9 +93,28 @@ private final class Broker {
 
     /// The retained message on `topic` (as hex when `hex`), or nil.
     func retained(_ topic: String, hex: Bool = false) -> String? {
-        let out = try? output("/usr/bin/mosquitto_sub", ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "-t", topic,
-                                                         "-C", "1", "-W", "3", "--retained-only", "-F", hex ? "%x" : "%p"])
-        return out.flatMap { $0.isEmpty ? nil : $0.trimmingCharacters(in: .newlines) }
+        // "Timed out" (on stderr) when there is none.
+        subscribe(["-t", topic, "-C", "1", "-W", "3", "-F", hex ? "%x" : "%p"]).first { $0 != "Timed out" }
+    }
+
+    /// `mosquitto_sub --retained-only` as the operator: its output lines.
+    /// Spawned with no signal blocked (Subprocess), so its -W timer works:
+    /// a child started by Foundation's Process would inherit the test
+    /// process's blocked SIGALRM and wait for ever.
+    private func subscribe(_ arguments: [String]) -> [String] {
+        let out = Subprocess.output(of: "/usr/bin/mosquitto_sub", ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "--retained-only"] + arguments,
+                                    timeout: .seconds(20)) ?? ""
+        return out.split(separator: "\n").map(String.init)
+    }
+
+    /// Every retained message under `filter`, by topic (payload as text).
+    func retainedAll(_ filter: String) -> [String: String] {
+        var result: [String: String] = [:]
+        for line in subscribe(["-t", filter, "-W", "2", "-F", "%t\t%p"]) {
+            let parts = line.split(separator: "\t", maxSplits: 1, omittingEmptySubsequences: false)
+            if parts.count == 2 { result[String(parts[0])] = String(parts[1]) }
+        }
+        return result
     }
 
     private static func freePort() throws -> UInt16 {
@@ -153,6 +173,8 @@ private final class Subscriber: @unchecked Sendable {
 
     deinit {
         pipe.fileHandleForReading.readabilityHandler = nil
+        // SIGKILL: Process starts it with the test process's signal mask,
+        // SIGTERM blocked.
         kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
     }
@@ -177,19 +199,6 @@ private func run(_ path: String, _ arguments: [String]) throws -> Int32 {
     return process.terminationStatus
 }
 
-private func output(_ path: String, _ arguments: [String]) throws -> String {
-    let process = Process()
-    let pipe = Pipe()
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = arguments
-    process.standardOutput = pipe
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return String(decoding: data, as: UTF8.self)
-}
-
 private extension RunningBoard {
     var mqttState: String { (try? runtime.status().transports.mqtt) ?? "" }
     var mqttSession: StatusReport.SessionInfo? { (try? runtime.status().sessions)?.first { $0.transport == "mqtt" } }
@@ -205,7 +214,7 @@ struct MQTTTransportTests {
         let board = try RunningBoard(yaml: broker.boardYAML())
         #expect(eventually { board.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.port)") }, "\(board.mqttState)")
         let base = "blecontrol/simulator"
-        #expect(broker.retained("\(base)/availability") == "online")
+        #expect(eventually { broker.retained("\(base)/availability") == "online" })
         let errors = try Subscriber(broker, topics: ["\(base)/errors"])
 
         try broker.publish("\(base)/enable/0/set", "ON")
@@ -289,13 +298,89 @@ struct MQTTTransportTests {
         #expect(eventually { board.mqttState.contains("retrying in") }, "\(board.mqttState)")
         try broker.start()
         #expect(eventually(timeout: .seconds(60)) { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
-        #expect(broker.retained("\(base)/availability") == "online")
+        #expect(eventually { broker.retained("\(base)/availability") == "online" })
         #expect(eventually { broker.retained("\(base)/failsafe") == "ON" }, "the failsafe holds until a command arrives")
         #expect(abs(board.pulse(4) - 1700) > 5, "the ESC did not go back to its last command")
 
         let refused = try RunningBoard(yaml: broker.boardYAML(password: "acl").replacingOccurrences(of: "name: simulator", with: "name: other"))
         #expect(eventually { refused.mqttState.contains("refused the connection") }, "\(refused.mqttState)")
         #expect(try refused.runtime.status().sessions.allSatisfy { $0.transport != "mqtt" })
+    }
+}
+
+/// The keys Home Assistant's MQTT platforms document for discovery
+/// payloads (full names; the abbreviations are not used), per component,
+/// and those each requires.
+private let homeAssistantKeys: [String: (allowed: Set<String>, required: Set<String>)] = {
+    let common: Set<String> = ["name", "unique_id", "availability_topic", "device", "object_id", "icon", "entity_category", "enabled_by_default",
+                               "payload_available", "payload_not_available", "qos", "encoding", "json_attributes_topic", "default_entity_id"]
+    return [
+        "number": (common.union(["command_topic", "command_template", "state_topic", "value_template", "min", "max", "step", "mode",
+                                 "optimistic", "retain", "unit_of_measurement", "device_class", "payload_reset"]), ["command_topic"]),
+        "switch": (common.union(["command_topic", "state_topic", "value_template", "payload_on", "payload_off", "state_on", "state_off",
+                                 "optimistic", "retain", "device_class"]), ["command_topic"]),
+        "text": (common.union(["command_topic", "command_template", "state_topic", "value_template", "min", "max", "mode", "pattern"]), ["command_topic"]),
+        "binary_sensor": (common.union(["state_topic", "value_template", "payload_on", "payload_off", "device_class", "expire_after",
+                                        "force_update", "off_delay"]), ["state_topic"]),
+    ]
+}()
+
+@Suite("Home Assistant discovery, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto (scripts/install-deps unit)"))
+struct MQTTDiscoveryTests {
+    @Test("One device, an entity per output with the keys Home Assistant documents; a channel removed by a reload loses its entity")
+    func discovery() throws {
+        let broker = try Broker()
+        let board = try RunningBoard(yaml: broker.boardYAML())
+        #expect(eventually { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
+        let node = "blecontrol_simulator"
+        var configs: [String: String] = [:]
+        #expect(eventually { configs = broker.retainedAll("homeassistant/#"); return configs.count == 8 * 2 + 4 + 2 + 1 }, "\(configs.keys.sorted())")
+        for (topic, payload) in configs {
+            let levels = topic.split(separator: "/").map(String.init)
+            #expect(levels.count == 5 && levels[2] == node && levels[4] == "config", "\(topic)")
+            guard levels.count == 5, let schema = homeAssistantKeys[levels[1]] else {
+                Issue.record("\(topic): not a component the board announces")
+                continue
+            }
+            guard case .object(let members)? = try? JSONValue.parse(Array(payload.utf8)) else {
+                Issue.record("\(topic): not a JSON object: \(payload)")
+                continue
+            }
+            let keys = Set(members.map(\.0))
+            #expect(keys.subtracting(schema.allowed).isEmpty, "\(topic): keys Home Assistant does not document: \(keys.subtracting(schema.allowed))")
+            #expect(schema.required.isSubset(of: keys), "\(topic): missing \(schema.required.subtracting(keys))")
+            let fields = Dictionary(members, uniquingKeysWith: { first, _ in first })
+            #expect(fields["unique_id"] == .string("\(node)_\(levels[3])"))
+            #expect(fields["availability_topic"] == .string("blecontrol/simulator/availability"))
+            if case .object(let device)? = fields["device"] {
+                #expect(device.contains { $0.0 == "identifiers" && $0.1 == .array([.string(node)]) })
+                #expect(device.contains { $0.0 == "sw_version" })
+            } else {
+                Issue.record("\(topic): no device")
+            }
+        }
+        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"command_topic\":\"blecontrol/simulator/servo/0/set\"") == true)
+        #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"max\":1000") == true)
+        #expect(configs["homeassistant/text/\(node)/lcd_1/config"]?.contains("\"max\":16") == true)
+        #expect(configs["homeassistant/binary_sensor/\(node)/failsafe/config"]?.contains("\"state_topic\":\"blecontrol/simulator/failsafe\"") == true)
+
+        // A reload without channel 7: its two entities are deleted.
+        let path = scratchDirectory("blecontrol-mqtt-board") + "/board.yaml"
+        let smaller = broker.boardYAML().split(separator: "\n", omittingEmptySubsequences: false).filter { !$0.contains("{ channel: 7,") }.joined(separator: "\n")
+        #expect(smaller != broker.boardYAML())
+        try smaller.write(toFile: path, atomically: true, encoding: .utf8)
+        board.runtime.reload(path: path)
+        #expect(eventually { let now = broker.retainedAll("homeassistant/#"); return now.count == configs.count - 2 && now["homeassistant/number/\(node)/pwm_7/config"] == nil },
+                "\(broker.retainedAll("homeassistant/#").keys.sorted())")
+        board.runtime.stop()
+
+        // A board started from the smaller file finds the old entities
+        // (retained from an earlier run) and deletes them too.
+        try broker.publish("homeassistant/switch/\(node)/enable_9/config", "{\"command_topic\":\"x\"}", retain: true)
+        let again = try RunningBoard(yaml: smaller)
+        #expect(eventually { again.mqttState.hasPrefix("connected") }, "\(again.mqttState)")
+        #expect(eventually { broker.retainedAll("homeassistant/#")["homeassistant/switch/\(node)/enable_9/config"] == nil })
+        #expect(broker.retainedAll("homeassistant/#").count == configs.count - 2)
     }
 }
 

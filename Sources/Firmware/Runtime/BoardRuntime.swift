@@ -68,7 +68,9 @@ public final class BoardRuntime: @unchecked Sendable {
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         let (loop, hub, logger) = (loop, hub, logger)
         serial = configuration.serial.map { SerialTransport(loop: loop, hub: hub, configuration: $0, logger: logger) }
-        mqtt = configuration.mqtt.map { MQTTTransport(loop: loop, hub: hub, configuration: $0, boardName: configuration.name, logger: logger) }
+        mqtt = configuration.mqtt.map {
+            MQTTTransport(loop: loop, hub: hub, configuration: $0, board: configuration, version: BLEControlVersion.string, logger: logger)
+        }
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         control.pollProvider = { [unowned self] in self.pollOnLoop() }

@@ -100,6 +100,7 @@ extension BoardRuntime {
             applied.append("ble")
         }
         configuration = new
+        mqtt?.boardChanged(new)
         reloads += 1
         lastReload = applied.isEmpty ? "applied: nothing changed" : "applied: \(applied.joined(separator: "; "))"
         logger.notice("reload \(lastReload ?? "")")

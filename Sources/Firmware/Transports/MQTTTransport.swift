@@ -42,6 +42,11 @@ public final class MQTTTransport: @unchecked Sendable {
     public var onState: (String) -> Void = { _ in }
     /// The board's status, published retained on `…/status` when it changes.
     public var statusProvider: (() -> StatusReport)?
+    /// What Home Assistant discovery announces (nil: discovery off).
+    private var discovery: MQTTDiscovery?
+    /// Config topics of this board's node seen on the broker (its own from
+    /// an earlier run, retained) or published now.
+    private var announced: Set<String> = []
     /// Counters for status and tests.
     public private(set) var statistics = Statistics()
 
@@ -60,12 +65,41 @@ public final class MQTTTransport: @unchecked Sendable {
     /// and TCP centrals between batches (the loop is level-triggered).
     static let readBatch = 32
 
-    public init(loop: EventLoop, hub: SessionHub, configuration: MQTTConfiguration, boardName: String, logger: Logger) {
+    public init(loop: EventLoop, hub: SessionHub, configuration: MQTTConfiguration, board: BoardConfiguration, version: String, logger: Logger) {
         self.loop = loop
         self.hub = hub
         self.configuration = configuration
         self.logger = logger
-        topics = MQTTTopics(prefix: configuration.topicPrefix, board: MQTTConfiguration.topicName(boardName))
+        self.version = version
+        topics = MQTTTopics(prefix: configuration.topicPrefix, board: MQTTConfiguration.topicName(board.name))
+        if configuration.discovery {
+            discovery = MQTTDiscovery(configuration: board, topics: topics, prefix: configuration.discoveryPrefix, version: version)
+        }
+    }
+
+    private let version: String
+
+    /// The board file was reloaded: Home Assistant's entities follow its
+    /// channels, switches and display (removed ones are deleted).
+    public func boardChanged(_ board: BoardConfiguration) {
+        loop.assertInLoop()
+        guard configuration.discovery else { return }
+        discovery = MQTTDiscovery(configuration: board, topics: topics, prefix: configuration.discoveryPrefix, version: version)
+        if session != nil { announce() }
+    }
+
+    /// Publishes every entity's config and deletes (an empty retained
+    /// message) each config of this node that is no longer one.
+    private func announce() {
+        guard let discovery else { return }
+        let current = Set(discovery.entities.map(\.topic))
+        for topic in announced.subtracting(current).sorted() {
+            publish(topic, [], qos: 1, retain: true)
+        }
+        for entity in discovery.entities {
+            publish(entity.topic, entity.payload, qos: 1, retain: true)
+        }
+        announced = current
     }
 
     deinit {
@@ -296,6 +330,14 @@ public final class MQTTTransport: @unchecked Sendable {
             let code = api!.pointee.subscribe_v5(client, nil, filter, 0, options, nil)
             if code != 0 { logger.error("MQTT: subscribing to \(filter): \(describe(code))") }
         }
+        if let discovery {
+            // Retained ones wanted here: this node's configs from an earlier
+            // run, so the entities of removed outputs can be deleted.
+            let filter = MQTTDiscovery.filter(prefix: configuration.discoveryPrefix, node: discovery.node)
+            let code = api!.pointee.subscribe_v5(client, nil, filter, 0, 0, nil)
+            if code != 0 { logger.error("MQTT: subscribing to \(filter): \(describe(code))") }
+            announce()
+        }
         publish(topics.availability, Array("online".utf8), qos: 1, retain: true)
         lastStatus = nil
         publishStatus(force: true)
@@ -326,13 +368,21 @@ public final class MQTTTransport: @unchecked Sendable {
 
     private func received(_ message: mosquitto_message) {
         guard let session, let topicPointer = message.topic else { return }
+        let topic = String(cString: topicPointer)
+        if let discovery, topic.hasPrefix(configuration.discoveryPrefix + "/") {
+            // One of this node's configs: an output that is gone is deleted.
+            if message.payloadlen > 0, !announced.contains(topic), topic.contains("/\(discovery.node)/") {
+                logger.info("MQTT: deleting Home Assistant's \(topic): no such output now")
+                publish(topic, [], qos: 1, retain: true)
+            }
+            return
+        }
         // The broker flags what it kept; a command it kept must never move
         // an output (a retained …/set at boot would start a motor).
         if message.retain {
             statistics.retainedIgnored += 1
             return
         }
-        let topic = String(cString: topicPointer)
         let payload = message.payload.map {
             Array(UnsafeRawBufferPointer(start: $0, count: Int(max(message.payloadlen, 0))))
         } ?? []
