@@ -41,8 +41,9 @@ let package = Package(
     dependencies: packageDependencies,
     targets: [
         .target(name: "BLEControlProtocol"),
-        // Seeded inputs and a loopback client shared by tests and benchmarks.
-        .target(name: "TestSupport"),
+        // Seeded inputs, a loopback client and a Mosquitto broker rig shared
+        // by tests and benchmarks.
+        .target(name: "TestSupport", dependencies: ["Reactor"]),
         .target(name: "Hardware"),
         // epoll, eventfd, signalfd, named threads, monotonic condition
         // variables and priority-inheriting mutexes (glibc, _GNU_SOURCE).
@@ -59,6 +60,9 @@ let package = Package(
         // MQTT (Sources/CMosquitto/include/CMosquitto.h says why); dlopen is
         // in libc itself since glibc 2.34 (bookworm has 2.36).
         .target(name: "CMosquitto"),
+        // An MQTT 5 client on the event loop, for the daemon's transport and
+        // `blecontrol --mqtt`.
+        .target(name: "MQTT", dependencies: ["CMosquitto", "Reactor"]),
         // libdbus-1 (libdbus-1-dev) and the BlueZ peripheral built on it.
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
         // The libdbus-1 binding: connection on the reactor, marshalling,
@@ -90,7 +94,7 @@ let package = Package(
         // Board files: the YAML subset, the schema, the validated configuration.
         .target(name: "Board", dependencies: ["BlueZ", "Devices", "Hardware", "Reactor"]),
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "CMosquitto",
+            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "MQTT",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
         ]),
@@ -103,7 +107,7 @@ let package = Package(
         // The CLI: the protocol, the control client, the BLE central and the
         // doctor; not the daemon.
         .executableTarget(name: "blecontrol", dependencies: [
-            "Arguments", "BLEControlProtocol", "Central", "Control", "Doctor", "Reactor",
+            "Arguments", "BLEControlProtocol", "Board", "Central", "Control", "Doctor", "MQTT", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
         // The BLEControl central: bluetoothd's client over D-Bus (scan,

@@ -28,6 +28,7 @@ static void load(void) {
     BIND(lib_init, "mosquitto_lib_init");
     BIND(new_, "mosquitto_new");
     BIND(destroy, "mosquitto_destroy");
+    BIND(user_data_set, "mosquitto_user_data_set");
     BIND(int_option, "mosquitto_int_option");
     BIND(will_set, "mosquitto_will_set");
     BIND(username_pw_set, "mosquitto_username_pw_set");

@@ -83,17 +83,6 @@ final class RunningBoard {
     }
 }
 
-/// Polls `condition` until it holds (outputs apply on other threads). The
-/// timeout only bounds a test that would otherwise hang; no test asserts
-/// how long anything took.
-func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if condition() { return true }
-        usleep(2_000)
-    }
-    return condition()
-}
 
 /// Channel configurations like the simulator board's, for engine tests.
 private func simulatorChannels(dwellMs: Int = 150) throws -> [ChannelConfiguration] {

@@ -3,6 +3,7 @@ import DeviceEmulators
 import Foundation
 import Hardware
 import Testing
+import TestSupport
 @testable import Firmware
 import Board
 import Control

@@ -38,6 +38,7 @@ struct bc_mosquitto_api {
     int (*lib_init)(void);
     struct mosquitto *(*new_)(const char *id, bool clean_session, void *obj);
     void (*destroy)(struct mosquitto *mosq);
+    void (*user_data_set)(struct mosquitto *mosq, void *obj);
     int (*int_option)(struct mosquitto *mosq, int option, int value);
     int (*will_set)(struct mosquitto *mosq, const char *topic, int payloadlen, const void *payload, int qos, bool retain);
     int (*username_pw_set)(struct mosquitto *mosq, const char *username, const char *password);

@@ -1,0 +1,225 @@
+import Foundation
+import Reactor
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Polls `condition` until it holds (outputs apply on other threads, a
+/// broker delivers when it does). The timeout only bounds a test that would
+/// otherwise hang; no test asserts how long anything took.
+public func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        usleep(2_000)
+    }
+    return condition()
+}
+
+/// Why the broker rig could not do what a test asked.
+public struct MosquittoError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Debian's Mosquitto broker on a private port, with a password file and
+/// an ACL (the test task installs it: scripts/lib/packages).
+public final class MosquittoBroker: @unchecked Sendable {
+    public static let binary = "/usr/sbin/mosquitto"
+    public static var available: Bool { FileManager.default.isExecutableFile(atPath: binary) }
+
+    public let directory: String
+    public let port: UInt16
+    private var process: Process?
+
+    public init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-mqtt-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        port = try MosquittoBroker.freePort()
+        // board: may publish and read its own topics; operator: commands.
+        try run("/usr/bin/mosquitto_passwd", ["-c", "-b", "\(directory)/passwords", "board", "board-secret"])
+        try run("/usr/bin/mosquitto_passwd", ["-b", "\(directory)/passwords", "operator", "operator-secret"])
+        try """
+        user board
+        topic readwrite blecontrol/#
+        topic readwrite homeassistant/#
+        user operator
+        topic readwrite blecontrol/#
+        topic read homeassistant/#
+
+        """.write(toFile: "\(directory)/acl", atomically: true, encoding: .utf8)
+        try """
+        listener \(port) 127.0.0.1
+        allow_anonymous false
+        password_file \(directory)/passwords
+        acl_file \(directory)/acl
+        persistence false
+        log_dest file \(directory)/broker.log
+
+        """.write(toFile: "\(directory)/mosquitto.conf", atomically: true, encoding: .utf8)
+        try "board-secret\n".write(toFile: "\(directory)/board.password", atomically: true, encoding: .utf8)
+        try start()
+    }
+
+    deinit { stop() }
+
+    /// Starts the broker and waits until it accepts connections.
+    public func start() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: MosquittoBroker.binary)
+        process.arguments = ["-c", "\(directory)/mosquitto.conf"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        self.process = process
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !MosquittoBroker.accepts(port) {
+            guard ContinuousClock.now < deadline else { throw MosquittoError("mosquitto did not listen on \(port)") }
+            usleep(10_000)
+        }
+    }
+
+    /// Kills the broker without a word to its clients (SIGKILL).
+    public func stop() {
+        guard let process, process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        self.process = nil
+    }
+
+    /// A board file's `transports.mqtt` section for this broker, as the
+    /// board user (PASSWORD: a file in `directory`), to go after
+    /// `transports:`.
+    public func mqttSection(password: String = "board.password", keepalive: Int = 5) -> String {
+        """
+          mqtt:
+            broker: 127.0.0.1:\(port)
+            username: board
+            password_file: \(directory)/\(password)
+            keepalive_s: \(keepalive)
+            status_interval_ms: 100
+
+        """
+    }
+
+    /// `mosquitto_pub` as the operator.
+    public func publish(_ topic: String, _ payload: [UInt8], retain: Bool = false) throws {
+        let file = "\(directory)/payload-\(UUID().uuidString)"
+        try Data(payload).write(to: URL(fileURLWithPath: file))
+        try run("/usr/bin/mosquitto_pub", ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "-t", topic, "-f", file] + (retain ? ["-r"] : []))
+    }
+
+    public func publish(_ topic: String, _ text: String, retain: Bool = false) throws {
+        try publish(topic, Array(text.utf8), retain: retain)
+    }
+
+    /// The retained message on `topic` (as hex when `hex`), or nil.
+    public func retained(_ topic: String, hex: Bool = false) -> String? {
+        // "Timed out" (on stderr) when there is none.
+        subscribe(["-t", topic, "-C", "1", "-W", "3", "-F", hex ? "%x" : "%p"]).first { $0 != "Timed out" }
+    }
+
+    /// `mosquitto_sub --retained-only` as the operator: its output lines.
+    /// Spawned with no signal blocked (Subprocess), so its -W timer works:
+    /// a child started by Foundation's Process would inherit the test
+    /// process's blocked SIGALRM and wait for ever.
+    private func subscribe(_ arguments: [String]) -> [String] {
+        let out = Subprocess.output(of: "/usr/bin/mosquitto_sub", ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "--retained-only"] + arguments,
+                                    timeout: .seconds(20)) ?? ""
+        return out.split(separator: "\n").map(String.init)
+    }
+
+    /// Every retained message under `filter`, by topic (payload as text).
+    public func retainedAll(_ filter: String) -> [String: String] {
+        var result: [String: String] = [:]
+        for line in subscribe(["-t", filter, "-W", "2", "-F", "%t\t%p"]) {
+            let parts = line.split(separator: "\t", maxSplits: 1, omittingEmptySubsequences: false)
+            if parts.count == 2 { result[String(parts[0])] = String(parts[1]) }
+        }
+        return result
+    }
+
+    private static func freePort() throws -> UInt16 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        return UInt16(bigEndian: address.sin_port)
+    }
+
+    private static func accepts(_ port: UInt16) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+}
+
+/// A `mosquitto_sub` that records what arrives, as `topic hexpayload` lines.
+public final class MosquittoSubscriber: @unchecked Sendable {
+    private let process = Process()
+    private let pipe = Pipe()
+    private let lock = NSLock()
+    private var text = ""
+
+    public init(_ broker: MosquittoBroker, topics: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/mosquitto_sub")
+        process.arguments = ["-p", "\(broker.port)", "-u", "operator", "-P", "operator-secret", "-F", "%t %x"]
+            + (topics + ["blecontrol/test/probe"]).flatMap { ["-t", $0] }
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let data = handle.availableData
+            guard let self else { return }
+            self.lock.withLock { self.text += String(decoding: data, as: UTF8.self) }
+        }
+        try process.run()
+        // Subscribed once a probe comes back: what is published after this
+        // reaches it.
+        var probes = 0
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !lines.contains(where: { $0.hasPrefix("blecontrol/test/probe ") }) {
+            guard ContinuousClock.now < deadline else { throw MosquittoError("mosquitto_sub never subscribed") }
+            probes += 1
+            try broker.publish("blecontrol/test/probe", "\(probes)")
+            usleep(20_000)
+        }
+    }
+
+    deinit {
+        pipe.fileHandleForReading.readabilityHandler = nil
+        // SIGKILL: Process starts it with the test process's signal mask,
+        // SIGTERM blocked.
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    public var lines: [String] { lock.withLock { text.split(separator: "\n").map(String.init) } }
+
+    /// The payloads (hex) that arrived on `topic`.
+    public func payloads(_ topic: String) -> [String] {
+        lines.compactMap { line in line.hasPrefix(topic + " ") ? String(line.dropFirst(topic.count + 1)) : nil }
+    }
+}
+
+@discardableResult
+private func run(_ path: String, _ arguments: [String]) throws -> Int32 {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    process.waitUntilExit()
+    return process.terminationStatus
+}
+
