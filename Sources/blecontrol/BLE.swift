@@ -10,42 +10,126 @@ import Reactor
 
 let bleOption = CLICommand.Option("ble", value: "NAME|ADDRESS", help: "Send over the air to this board (its advertised name or address) through bluetoothd, as the original app would, instead of the control socket.")
 let adapterOption = CLICommand.Option("adapter", value: "hciN", help: "With --ble or scan: the Bluetooth adapter to use (default: bluetoothd's first).")
-let waitOption = CLICommand.Option("wait", value: "MS", help: "With --ble: how long to listen for ERROR notifications after the last write (default 300).")
-let syncFlag = CLICommand.Flag("sync", help: "With --ble: end with a frame the board always answers (FF 01 00: ERROR 255 comes back), so every reply before it has arrived; the board counts it as an error.")
+let waitOption = CLICommand.Option("wait", value: "MS", help: "With --ble or --mqtt: how long to listen for ERROR replies after the last write (default 300).")
+let syncFlag = CLICommand.Flag("sync", help: "With --ble or --mqtt: end with a frame the board always answers (FF 01 00: ERROR 255 comes back), so every reply before it has arrived; the board counts it as an error.")
 let timeoutOption = CLICommand.Option("timeout", value: "S", help: "With --ble: how long to look for the board before giving up (default 20).")
 let verboseFlag = CLICommand.Flag("verbose", help: "With --ble: say on stderr how long finding and connecting took.")
 
 /// The options every frame-sending command takes.
-let deliveryOptions = [socketOption, bleOption, adapterOption, timeoutOption, waitOption]
+let deliveryOptions = [socketOption, bleOption, adapterOption, timeoutOption, waitOption, mqttOption] + mqttAccessOptions
 let deliveryFlags = [syncFlag, verboseFlag]
 
-/// Sends `outgoing` through the control socket, or over BLE with `--ble`;
-/// exit status 1 when the board refused a frame.
+/// Sends `outgoing` through the control socket, or over the air (`--ble`)
+/// or a broker (`--mqtt`); exit status 1 when the board refused a frame.
 func deliver(_ outgoing: Outgoing, _ arguments: Parsed) throws {
-    guard arguments.option("ble") != nil else { return try sendFrames(outgoing.bytes, arguments) }
-    let session = try BLESession(arguments)
-    defer { session.close() }
-    try session.send(outgoing)
-    try session.finish(arguments)
-    if session.refused { throw ExitFailure.silent(1) }
+    guard let link = try frameLink(arguments) else { return try sendFrames(outgoing.bytes, arguments) }
+    defer { link.close() }
+    try link.send(outgoing)
+    try link.finish(arguments)
+    if link.replies.refused { throw ExitFailure.silent(1) }
 }
 
-/// One BLE connection to a board for the lifetime of a command: the
-/// writes, and the ERROR notifications printed as they come.
-final class BLESession: @unchecked Sendable {
+/// The link `--ble` or `--mqtt` asks for, nil for the control socket.
+func frameLink(_ arguments: Parsed) throws -> (any FrameLink)? {
+    if arguments.option("ble") != nil, arguments.option("mqtt") != nil { throw UsageError("--ble and --mqtt: one or the other") }
+    if arguments.option("ble") != nil { return try BLESession(arguments) }
+    if arguments.option("mqtt") != nil { return try MQTTLink(arguments) }
+    return nil
+}
+
+/// A connection to one board that carries frames and brings its replies
+/// back: over the air, or through a broker.
+protocol FrameLink: AnyObject {
+    var replies: ReplyWatch { get }
+    func send(_ outgoing: Outgoing) throws
+    func close()
+}
+
+extension FrameLink {
+    /// Waits until the board has answered everything written so far: the
+    /// marker's reply comes after every earlier reply on this link.
+    func sync() throws {
+        let wanted = replies.markerSent()
+        try send(Outgoing(bytes: ReplyWatch.marker, withResponse: true))
+        // A bound on a board that stopped answering, not a measurement.
+        if !replies.waitForMarker(wanted, until: .now + .seconds(30)) {
+            throw ExitFailure("the board did not answer within 30 s (still connected?)")
+        }
+    }
+
+    /// After the last write: `--sync` waits for the board's answer to
+    /// everything; otherwise ERROR replies are listened for `--wait`
+    /// milliseconds.
+    func finish(_ arguments: Parsed) throws {
+        if arguments.flag("sync") { return try sync() }
+        let wait = try arguments.integer("wait", in: 0...600_000, default: 300)
+        sleepThread(.milliseconds(wait))
+    }
+}
+
+/// The board's replies on a link (ERROR frames), printed as they come, and
+/// the sync markers answered (on any thread).
+final class ReplyWatch: @unchecked Sendable {
     /// The frame that always draws an answer: ERROR from a central, which
     /// the board refuses with ERROR 255 (docs/protocol.md, "ERROR").
     static let marker: [UInt8] = [0xFF, 0x01, 0x00]
 
-    private let central: BLECentral
-    private let link: BoardLink
     private let condition = Condition()
-    private var replies: [UInt8] = []
     private var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
     private var markersAnswered = 0
     private var markersSent = 0
     /// An ERROR came back for one of our frames.
     private(set) var refused = false
+
+    /// Counts a marker about to be sent; returns how many must be answered.
+    func markerSent() -> Int {
+        condition.withLock {
+            markersSent += 1
+            return markersSent
+        }
+    }
+
+    func waitForMarker(_ wanted: Int, until deadline: ContinuousClock.Instant) -> Bool {
+        condition.withLock { () -> Bool in
+            while markersAnswered < wanted {
+                guard condition.wait(until: deadline) else { return markersAnswered >= wanted }
+            }
+            return true
+        }
+    }
+
+    /// Bytes from the board (a notification, a message on `…/errors`).
+    func received(_ bytes: [UInt8]) {
+        condition.withLock {
+            decoder.decode(bytes, at: .now) { event in
+                guard case .message(let message) = event else { return }
+                if message == .error(command: Self.marker[0]) {
+                    markersAnswered += 1
+                } else {
+                    refused = FrameCommands.report(replies: FrameEncoder.encode(message)) || refused
+                    fflush(nil)
+                }
+            }
+            condition.broadcast()
+        }
+    }
+
+    /// A refusal the link said in words (MQTT's text on `…/errors`).
+    func refusedWith(_ text: String) {
+        condition.withLock {
+            refused = true
+            print("board refused: \(text)")
+            fflush(nil)
+        }
+    }
+}
+
+/// One BLE connection to a board for the lifetime of a command: the
+/// writes, and the ERROR notifications printed as they come.
+final class BLESession: FrameLink, @unchecked Sendable {
+    private let central: BLECentral
+    private let link: BoardLink
+    let replies = ReplyWatch()
 
     init(_ arguments: Parsed) throws {
         guard let target = arguments.option("ble") else { throw UsageError("--ble NAME|ADDRESS is required") }
@@ -57,7 +141,7 @@ final class BLESession: @unchecked Sendable {
             let board = try central.find(target, timeout: .seconds(try arguments.integer("timeout", in: 1...600, default: 20)))
             let found = ContinuousClock.now
             let box = WeakBox<BLESession>()
-            link = try central.connect(board, timeout: .seconds(30)) { bytes in box.value?.received(bytes) }
+            link = try central.connect(board, timeout: .seconds(30)) { bytes in box.value?.replies.received(bytes) }
             box.value = self
             if arguments.flag("verbose") {
                 printError("blecontrol: found \(board.name) (\(board.address)) in \(Self.ms(started.duration(to: found))), connected and subscribed in \(Self.ms(found.duration(to: .now)))")
@@ -79,50 +163,6 @@ final class BLESession: @unchecked Sendable {
             try link.write(outgoing.bytes, withResponse: outgoing.withResponse)
         } catch {
             throw ExitFailure("\(error)")
-        }
-    }
-
-    /// Waits until the board has answered everything written so far: the
-    /// marker's reply comes after every earlier reply on this connection.
-    func sync() throws {
-        let wanted = condition.withLock { () -> Int in
-            markersSent += 1
-            return markersSent
-        }
-        try send(Outgoing(bytes: Self.marker, withResponse: true))
-        // A bound on a board that stopped answering, not a measurement.
-        let deadline = ContinuousClock.now + .seconds(30)
-        let answered = condition.withLock { () -> Bool in
-            while markersAnswered < wanted {
-                guard condition.wait(until: deadline) else { return markersAnswered >= wanted }
-            }
-            return true
-        }
-        if !answered { throw ExitFailure("the board did not answer within 30 s (still connected?)") }
-    }
-
-    /// After the last write: `--sync` waits for the board's answer to
-    /// everything; otherwise ERROR notifications are listened for `--wait`
-    /// milliseconds.
-    func finish(_ arguments: Parsed) throws {
-        if arguments.flag("sync") { return try sync() }
-        let wait = try arguments.integer("wait", in: 0...600_000, default: 300)
-        sleepThread(.milliseconds(wait))
-    }
-
-    /// A notification from FFE1 (on the D-Bus thread).
-    private func received(_ bytes: [UInt8]) {
-        condition.withLock {
-            decoder.decode(bytes, at: .now) { event in
-                guard case .message(let message) = event else { return }
-                if message == .error(command: Self.marker[0]) {
-                    markersAnswered += 1
-                } else {
-                    refused = refused || FrameCommands.report(replies: FrameEncoder.encode(message))
-                    fflush(nil)
-                }
-            }
-            condition.broadcast()
         }
     }
 }
@@ -165,13 +205,13 @@ func sessionCommand() -> CLICommand { Command(
     Each line is a command as on the command line: servo CH VALUE, pwm CH VALUE, enable CH on|off, switch SW on|off, \
     lcd LINE TEXT…, clear, init, send HEX…; and `sync` (wait until the board has answered everything so far), \
     `wait MS` (pause). Blank lines and lines starting with # are skipped. With --ble the session keeps one BLE \
-    connection (writes as the original app: servo, pwm and switch without response); otherwise it uses the control \
-    socket. ERROR replies are printed as they arrive; exit status 1 if there was one or a line was wrong.
+    connection (writes as the original app: servo, pwm and switch without response), with --mqtt one broker \
+    connection; otherwise it uses the control socket. ERROR replies are printed as they arrive; exit status 1 if there was one or a line was wrong.
     """,
     options: deliveryOptions, flags: deliveryFlags
 ) { arguments in
-    let ble = try arguments.option("ble").map { _ in try BLESession(arguments) }
-    defer { ble?.close() }
+    let link = try frameLink(arguments)
+    defer { link?.close() }
     var failed = false
     var number = 0
     while let line = readLine() {
@@ -182,7 +222,7 @@ func sessionCommand() -> CLICommand { Command(
         do {
             switch words[0] {
             case "sync":
-                try ble?.sync()
+                try link?.sync()
             case "wait":
                 guard words.count == 2, let ms = Int(words[1]), (0...600_000).contains(ms) else { throw UsageError("wait MS (0…600000)") }
                 sleepThread(.milliseconds(ms))
@@ -195,8 +235,8 @@ func sessionCommand() -> CLICommand { Command(
                     commandWords = [words[1], String(text)]
                 }
                 let outgoing = try FrameCommands.outgoing(words[0], commandWords)
-                if let ble {
-                    try ble.send(outgoing)
+                if let link {
+                    try link.send(outgoing)
                 } else {
                     try sendFrames(outgoing.bytes, arguments)
                 }
@@ -209,9 +249,9 @@ func sessionCommand() -> CLICommand { Command(
             failed = true
         }
     }
-    if let ble {
-        try ble.finish(arguments)
-        if ble.refused { failed = true }
+    if let link {
+        try link.finish(arguments)
+        if link.replies.refused { failed = true }
     }
     if failed { throw ExitFailure.silent(1) }
 } }

@@ -40,8 +40,9 @@ func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
 let channelArgument = CLICommand.Positional("channel", help: "Channel 0…255.")
 
 let status = Command("status", abstract: "Show outputs, display, LED, sessions and counters.",
-                     options: [socketOption], flags: [CLICommand.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
-    let report = try askDaemon(arguments) { try $0.status() }
+                     options: [socketOption, mqttOption] + mqttAccessOptions,
+                     flags: [CLICommand.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
+    let report = arguments.option("mqtt") != nil ? try mqttStatus(arguments) : try askDaemon(arguments) { try $0.status() }
     if arguments.flag("json") {
         print(String(decoding: try JSONEncoderLite(pretty: true).encode(report), as: UTF8.self))
     } else {
@@ -113,6 +114,9 @@ let manual = Manual(section: 1, sections: [
     Manual.Section("Over the air", [
         .paragraph("With --ble NAME|ADDRESS a frame-sending command (servo, pwm, enable, switch, lcd, clear, init, send, session) goes to the board as a BLE central would, through this machine's bluetoothd: it finds the board by its advertised name or address (FFE0 in the advertisement), connects, and writes to FFE1 with the original app's write types: SERVO_VAL, PWM_VAL and SWITCH_VAL without response, the others with response. ERROR notifications are printed as they come. --adapter picks the adapter, --timeout how long to look for the board, --wait how long to listen for replies after the last write, --sync ends with a frame the board always answers. The adapter blecontrold advertises on cannot connect to its own board: use another one (a USB dongle, or another machine)."),
     ]),
+    Manual.Section("Through an MQTT broker", [
+        .paragraph("With --mqtt NAME@BROKER a frame-sending command (and session, and status) goes to the board NAME through an MQTT broker that the board's transports.mqtt connects to: the frames are published on PREFIX/NAME/frames and the board's ERROR replies come back on PREFIX/NAME/errors; status reads the board's retained PREFIX/NAME/status. The board must be online (its retained PREFIX/NAME/availability). --mqtt-user, --mqtt-password-file, --mqtt-ca-file, --mqtt-cert-file and --mqtt-key-file are the broker's credentials and TLS, as in the board file; --mqtt-prefix the topic prefix. `blecontrol fleet --mqtt BROKER` lists every board the broker knows. Needs libmosquitto1."),
+    ]),
     Manual.Section("Exit status", [
         .item("0", "Done; the board accepted every frame."),
         .item("1", "The board refused a frame (its ERROR reply is printed), the daemon or the board could not be reached, or doctor found a problem."),
@@ -135,6 +139,8 @@ let manual = Manual(section: 1, sections: [
         .example(["printf 'enable 0 on\\nservo 0 250\\nsync\\n' | blecontrol session --ble BLEControl"]),
         .paragraph("Raw frames, as a central writes them (SERVO_VAL 500 on channel 0):"),
         .example(["blecontrol send 02 03 00 01 f4"]),
+        .paragraph("Every board on a broker, then a servo on one of them:"),
+        .example(["blecontrol fleet --mqtt 192.168.1.2", "blecontrol servo 0 500 --mqtt rc-car@192.168.1.2 --sync"]),
         .paragraph("Find what is wrong with an installation:"),
         .example(["sudo blecontrol doctor"]),
     ]),
@@ -150,7 +156,8 @@ Command(
     Frames go through the daemon's control socket as one session, exactly as a central's would: the same dispatcher, \
     the same ERROR replies. The socket is --socket, else $BLECONTROL_SOCKET, else /run/blecontrol/control.sock if it \
     exists, else the simulator's /tmp/blecontrol-simulator.sock. With --ble NAME|ADDRESS the frames go over the air \
-    instead, through bluetoothd, to any board in range (`blecontrol scan` lists them).
+    instead, through bluetoothd, to any board in range (`blecontrol scan` lists them); with --mqtt NAME@BROKER through \
+    an MQTT broker (`blecontrol fleet --mqtt BROKER` lists the boards on it).
     """,
-    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), watch, forgetBonds, webCommand(), doctorCommand()]
+    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), fleetCommand(), watch, forgetBonds, webCommand(), doctorCommand()]
 ).main(version: BLEControlVersion.string, manual: manual, completion: true)
