@@ -124,7 +124,7 @@ let package = Package(
         // Interposes malloc to count allocations; linked into the benchmark only.
         .target(name: "CAllocationCounter"),
         .executableTarget(name: "blecontrol-bench", dependencies: [
-            "BLEControlProtocol", "Firmware", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "TestSupport", "CAllocationCounter",
+            "BLEControlProtocol", "Board", "Firmware", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "MQTT", "Reactor", "TestSupport", "CAllocationCounter",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),

@@ -422,14 +422,18 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
     }
 }
 
-// Usage: blecontrol-bench [all|foundation|servo|daemon] [frames]
+// Usage: blecontrol-bench [all|foundation|servo|daemon|serial|mqtt] [frames]
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo] [frames] | daemon DAEMON [BASELINE-DAEMON]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON]")
     exit(2)
+}
+if section == "mqtt" {
+    do { try benchmarkMQTT() } catch { print("benchmark failed: \(error)"); exit(1) }
+    exit(0)
 }
 if section == "serial" {
     do { try benchmarkSerial() } catch { print("benchmark failed: \(error)"); exit(1) }
@@ -460,6 +464,8 @@ do {
         try benchmarkWritesPerFlush()
         print("")
         try benchmarkSerial()
+        print("")
+        try benchmarkMQTT()
         print("")
     }
     if section != "foundation" {
