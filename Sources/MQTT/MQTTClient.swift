@@ -101,9 +101,7 @@ public final class MQTTClient: @unchecked Sendable {
         }
         api.pointee.disconnect_callback_set(client) { _, object, code in
             guard let object else { return }
-            let client = Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue()
-            client.unwatch()
-            client.onDisconnect(code)
+            Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().ended(code)
         }
         api.pointee.message_callback_set(client) { _, object, message in
             guard let object, let message = message?.pointee, let topic = message.topic else { return }
@@ -196,9 +194,21 @@ public final class MQTTClient: @unchecked Sendable {
         socket = nil
     }
 
+    /// The connection is over: said once, however libmosquitto ended it.
+    private func ended(_ code: Int32) {
+        guard socket != nil else { return }
+        unwatch()
+        onDisconnect(code)
+    }
+
     private func ready(_ readiness: EventLoop.Readiness) {
-        if readiness.contains(.writable) { _ = api.pointee.loop_write(client, 1) }
-        if readiness.contains(.readable) || readiness.contains(.closed) { drain() }
+        var code: Int32 = 0
+        if readiness.contains(.writable) { code = api.pointee.loop_write(client, 1) }
+        if code == 0, readiness.contains(.readable) || readiness.contains(.closed) { code = drain() }
+        // libmosquitto 2.0.11 returns a failed TLS handshake from
+        // loop_read without its disconnect callback: the connection is
+        // over all the same (the next connect closes what is left of it).
+        if code != 0, code != Int32(BC_MOSQ_ERR_NO_CONN) { return ended(code) }
         watch()
     }
 
@@ -206,15 +216,19 @@ public final class MQTTClient: @unchecked Sendable {
     /// it has nothing queued. Without TLS the kernel says what is left; with
     /// TLS, OpenSSL may hold whole records the socket no longer signals, so
     /// the batch is read out (a call with nothing there returns at once).
-    private func drain() {
+    @discardableResult
+    private func drain() -> Int32 {
         for _ in 0..<Self.readBatch {
             let fd = api.pointee.socket(client)
-            guard fd >= 0, api.pointee.loop_read(client, 1) == 0 else { return }
+            guard fd >= 0 else { return 0 }
+            let code = api.pointee.loop_read(client, 1)
+            if code != 0 { return code }
             if endpoint.caFile == nil {
                 var pending: Int32 = 0
-                if ioctl(fd, UInt(FIONREAD), &pending) != 0 || pending == 0 { return }
+                if ioctl(fd, UInt(FIONREAD), &pending) != 0 || pending == 0 { return 0 }
             }
         }
+        return 0
     }
 
     /// Keepalive pings and their timeout (loop_misc), and TLS records left
@@ -225,7 +239,7 @@ public final class MQTTClient: @unchecked Sendable {
             self.tick = nil
             if self.socket != nil {
                 _ = self.api.pointee.loop_misc(self.client)
-                if self.endpoint.caFile != nil { self.drain() }
+                if self.endpoint.caFile != nil, self.drain() != 0 { return self.ended(Int32(BC_MOSQ_ERR_CONN_LOST)) }
                 self.watch()
             }
             self.scheduleTick()

@@ -30,12 +30,27 @@ public final class MosquittoBroker: @unchecked Sendable {
 
     public let directory: String
     public let port: UInt16
+    /// A second listener with TLS (the certificate in `directory`, made for
+    /// 127.0.0.1 by a CA of the test's own: `ca.crt`), when asked for.
+    public let tlsPort: UInt16?
     private var process: Process?
 
-    public init() throws {
+    public init(tls: Bool = false) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-mqtt-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         port = try MosquittoBroker.freePort()
+        tlsPort = tls ? try MosquittoBroker.freePort() : nil
+        var tlsListener = ""
+        if let tlsPort {
+            try makeCertificates()
+            tlsListener = """
+            listener \(tlsPort) 127.0.0.1
+            cafile \(directory)/ca.crt
+            certfile \(directory)/server.crt
+            keyfile \(directory)/server.key
+
+            """
+        }
         // board: may publish and read its own topics; operator: commands.
         try run("/usr/bin/mosquitto_passwd", ["-c", "-b", "\(directory)/passwords", "board", "board-secret"])
         try run("/usr/bin/mosquitto_passwd", ["-b", "\(directory)/passwords", "operator", "operator-secret"])
@@ -55,7 +70,7 @@ public final class MosquittoBroker: @unchecked Sendable {
         acl_file \(directory)/acl
         persistence false
         log_dest file \(directory)/broker.log
-
+        \(tlsListener)
         """.write(toFile: "\(directory)/mosquitto.conf", atomically: true, encoding: .utf8)
         try "board-secret\n".write(toFile: "\(directory)/board.password", atomically: true, encoding: .utf8)
         try start()
@@ -90,16 +105,40 @@ public final class MosquittoBroker: @unchecked Sendable {
     /// A board file's `transports.mqtt` section for this broker, as the
     /// board user (PASSWORD: a file in `directory`), to go after
     /// `transports:`.
-    public func mqttSection(password: String = "board.password", keepalive: Int = 5) -> String {
-        """
+    public func mqttSection(password: String = "board.password", keepalive: Int = 5, caFile: String? = nil) -> String {
+        let tls = caFile.map { "\n    ca_file: \($0)" } ?? ""
+        return """
           mqtt:
-            broker: 127.0.0.1:\(port)
+            broker: 127.0.0.1:\(caFile != nil ? tlsPort ?? port : port)\(tls)
             username: board
             password_file: \(directory)/\(password)
             keepalive_s: \(keepalive)
             status_interval_ms: 100
 
         """
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 signed by it, and a
+    /// second CA that signed nothing (for the refusal), with openssl. The
+    /// broker drops to its own user: the key must be readable by it.
+    private func makeCertificates() throws {
+        let openssl = "/usr/bin/openssl"
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for ca in ["ca", "other-ca"] {
+            try check(run(openssl, ["req", "-x509"] + key + ["-keyout", "\(directory)/\(ca).key", "-out", "\(directory)/\(ca).crt",
+                                                             "-days", "2", "-subj", "/CN=BLEControl test \(ca)"]), "openssl (CA)")
+        }
+        try check(run(openssl, ["req"] + key + ["-keyout", "\(directory)/server.key", "-out", "\(directory)/server.csr", "-subj", "/CN=127.0.0.1"]),
+                  "openssl (server key)")
+        try "subjectAltName=IP:127.0.0.1\n".write(toFile: "\(directory)/san.ext", atomically: true, encoding: .utf8)
+        try check(run(openssl, ["x509", "-req", "-in", "\(directory)/server.csr", "-CA", "\(directory)/ca.crt", "-CAkey", "\(directory)/ca.key",
+                                "-CAcreateserial", "-out", "\(directory)/server.crt", "-days", "2", "-extfile", "\(directory)/san.ext"]),
+                  "openssl (server certificate)")
+        chmod("\(directory)/server.key", 0o644)
+    }
+
+    private func check(_ status: Int32, _ what: String) throws {
+        if status != 0 { throw MosquittoError("\(what) failed (exit \(status))") }
     }
 
     /// `mosquitto_pub` as the operator.

@@ -12,8 +12,8 @@ private typealias Subscriber = MosquittoSubscriber
 
 private extension MosquittoBroker {
     /// The test board with this broker's `transports.mqtt`.
-    func boardYAML(password: String = "board.password", keepalive: Int = 5) -> String {
-        testBoard(silenceMs: 0).replacingOccurrences(of: "transports:\n", with: "transports:\n" + mqttSection(password: password, keepalive: keepalive))
+    func boardYAML(password: String = "board.password", keepalive: Int = 5, caFile: String? = nil) -> String {
+        testBoard(silenceMs: 0).replacingOccurrences(of: "transports:\n", with: "transports:\n" + mqttSection(password: password, keepalive: keepalive, caFile: caFile))
     }
 }
 
@@ -98,6 +98,20 @@ struct MQTTTransportTests {
         #expect(eventually { abs(board.pulse(0) - 1300) < 5 }, "the first live command after the reconnect clears the failsafe")
         #expect(board.pulse(1) == 0 && board.pulse(2) == 0)
         #expect(board.mqttSession?.frames == 1, "a new session: nothing replayed")
+    }
+
+    @Test("TLS: the board connects to a broker whose certificate chains to ca_file, and says why when it does not")
+    func tls() throws {
+        let broker = try Broker(tls: true)
+        let board = try RunningBoard(yaml: broker.boardYAML(caFile: "\(broker.directory)/ca.crt"))
+        #expect(eventually { board.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.tlsPort ?? 0)") }, "\(board.mqttState)")
+        try broker.publish("blecontrol/simulator/enable/0/set", "ON")
+        try broker.publish("blecontrol/simulator/servo/0/set", "400")
+        #expect(eventually { abs(board.pulse(0) - 1400) < 5 }, "a command reaches the board over TLS")
+
+        let untrusting = try RunningBoard(yaml: broker.boardYAML(caFile: "\(broker.directory)/other-ca.crt").replacingOccurrences(of: "name: simulator", with: "name: other"))
+        #expect(eventually { untrusting.mqttState.contains("retrying in") }, "\(untrusting.mqttState)")
+        #expect(try untrusting.runtime.status().sessions.allSatisfy { $0.transport != "mqtt" })
     }
 
     @Test("Losing the broker is losing the central: failsafe, retried with a back-off, online again; a wrong password is refused and said")
