@@ -94,6 +94,17 @@ public final class MosquittoBroker: @unchecked Sendable {
         }
     }
 
+    /// Freezes the broker (SIGSTOP): its connections stay open and nothing
+    /// answers, as when the network between goes silent.
+    public func freeze() {
+        if let process, process.isRunning { kill(process.processIdentifier, SIGSTOP) }
+    }
+
+    /// Lets a frozen broker run again (SIGCONT).
+    public func thaw() {
+        if let process, process.isRunning { kill(process.processIdentifier, SIGCONT) }
+    }
+
     /// Kills the broker without a word to its clients (SIGKILL).
     public func stop() {
         guard let process, process.isRunning else { return }

@@ -100,6 +100,26 @@ struct MQTTTransportTests {
         #expect(board.mqttSession?.frames == 1, "a new session: nothing replayed")
     }
 
+    @Test("A broker that goes silent (frozen: the network between lost, no connection reset) is given up after the keepalive: failsafe; then back")
+    func silentBroker() throws {
+        let broker = try Broker()
+        let board = try RunningBoard(yaml: broker.boardYAML(keepalive: 5))
+        let base = "blecontrol/simulator"
+        #expect(eventually { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
+        try broker.publish("\(base)/enable/0/set", "ON")
+        try broker.publish("\(base)/servo/0/set", "800")
+        #expect(eventually { abs(board.pulse(0) - 1800) < 5 })
+        broker.freeze()
+        defer { broker.thaw() }
+        // No packet comes back: libmosquitto gives the broker up one
+        // keepalive after its unanswered ping.
+        #expect(eventually(timeout: .seconds(60)) { (try? board.servo().failsafe)?.contains("last central disconnected (mqtt") == true })
+        #expect(board.mqttState.contains("retrying in"), "\(board.mqttState)")
+        broker.thaw()
+        #expect(eventually(timeout: .seconds(90)) { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
+        #expect(try board.servo().failsafe != nil, "back on the broker, the failsafe holds until a command arrives")
+    }
+
     @Test("TLS: the board connects to a broker whose certificate chains to ca_file, and says why when it does not")
     func tls() throws {
         let broker = try Broker(tls: true)
