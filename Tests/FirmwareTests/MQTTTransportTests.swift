@@ -72,6 +72,54 @@ struct MQTTTransportTests {
         #expect(broker.retained("\(base)/availability") == "offline", "a clean stop says offline (a clean disconnect sends no will)")
     }
 
+    @Test("The original demo app's session through the broker: as raw frames, one a message as the app writes them, and as per-output topics")
+    func demoAppSession() throws {
+        let broker = try Broker()
+        // The simulator board as shipped: PWM on 4-7, as the app has them.
+        let board = try RunningBoard(yaml: EmbeddedBoards.simulator.replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection()))
+        let base = "blecontrol/simulator"
+        #expect(eventually { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
+        // The app's screen opens: channels 0-7 on; the servo sliders (every
+        // value resent as one moves), PWM sliders (a negative one as the
+        // app's Int16), the four switches, two LCD lines (docs/protocol.md,
+        // "The original demo app").
+        var frames: [[UInt8]] = (UInt8(0)...7).map { FrameEncoder.encode(.enable(channel: $0, on: true)) }
+        let servos: [UInt16] = [100, 400, 700, 1000]
+        for moved in 0..<servos.count {
+            for channel in 0...moved { frames.append(FrameEncoder.encode(.servo(channel: UInt8(channel), value: servos[channel]))) }
+        }
+        for (offset, value) in [Int16(250), 500, 1000, -500].enumerated() {
+            frames.append(FrameEncoder.encode(.pwm(channel: UInt8(4 + offset), value: UInt16(bitPattern: value))))
+        }
+        for (index, on) in [true, false, true, true].enumerated() { frames.append([0x06, 0x02, UInt8(index), on ? 1 : 0]) }
+        frames.append([0x04, 0x0C, 0x00] + Array("BLEControl".utf8) + [0x00])
+        frames.append([0x04, 0x0A, 0x01] + Array("Demo app".utf8) + [0x00])
+        for frame in frames { try broker.publish("\(base)/frames", frame) }
+        func applied() -> Bool {
+            (0..<4).allSatisfy { abs(board.pulse($0) - 1000 - Double(servos[$0])) < 5 }
+                && abs(board.duty(4) - 0.25) < 0.001 && abs(board.duty(5) - 0.5) < 0.001 && board.duty(6) == 1 && board.duty(7) == 1
+                && board.runtime.emulators?.lcd?.lcd.lines == ["BLEControl      ", "Demo app        "]
+                && (try? board.runtime.status().switches.map(\.on)) == [true, false, true, true]
+        }
+        #expect(eventually { applied() }, "the demo app's outputs through …/frames")
+        #expect(board.mqttSession?.errors == 0)
+
+        // The screen closes; then the same session by hand, topic by topic.
+        for channel in 0...7 { try broker.publish("\(base)/enable/\(channel)/set", "OFF") }
+        for channel in 0...3 { try broker.publish("\(base)/switch/\(channel)/set", "OFF") }
+        try broker.publish("\(base)/lcd/0/set", "")
+        try broker.publish("\(base)/lcd/1/set", "")
+        #expect(eventually { (0...7).allSatisfy { board.pulse($0) == 0 } && board.runtime.emulators?.lcd?.lcd.lines == ["                ", "                "] })
+        for channel in 0...7 { try broker.publish("\(base)/enable/\(channel)/set", "ON") }
+        for (channel, value) in servos.enumerated() { try broker.publish("\(base)/servo/\(channel)/set", "\(value)") }
+        for (offset, value) in [250, 500, 1000, 1000].enumerated() { try broker.publish("\(base)/pwm/\(4 + offset)/set", "\(value)") }
+        for (index, on) in [true, false, true, true].enumerated() { try broker.publish("\(base)/switch/\(index)/set", on ? "ON" : "OFF") }
+        try broker.publish("\(base)/lcd/0/set", "BLEControl")
+        try broker.publish("\(base)/lcd/1/set", "Demo app")
+        #expect(eventually { applied() }, "the demo app's outputs through the per-output topics")
+        #expect(board.mqttSession?.errors == 0)
+    }
+
     @Test("A retained command is never applied: not at start, not after the broker comes back")
     func retainedIgnored() throws {
         let broker = try Broker()
