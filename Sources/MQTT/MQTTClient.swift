@@ -86,8 +86,8 @@ public final class MQTTClient: @unchecked Sendable {
         _ = api.pointee.int_option(client, Int32(BC_MOSQ_OPT_PROTOCOL_VERSION), Int32(BC_MQTT_PROTOCOL_V5))
         // Small frames, one at a time: no Nagle delay.
         _ = api.pointee.int_option(client, Int32(BC_MOSQ_OPT_TCP_NODELAY), 1)
-        if let (topic, payload) = will {
-            try check(api.pointee.will_set(client, topic, Int32(payload.count), payload, 1, true), "the will")
+        if let will {
+            try check(api.pointee.will_set(client, will.0, Int32(will.1.count), will.1, 1, true), "the will")
         }
         if let username = endpoint.username {
             try check(api.pointee.username_pw_set(client, username, endpoint.password), "the user name")
