@@ -1,5 +1,6 @@
 import BlueZ
 import Board
+import CMosquitto
 import Control
 import DBus
 import Reactor
@@ -87,6 +88,7 @@ public enum Doctor {
             sections.append(context.checkI2C(configuration))
             sections.append(context.checkLED(configuration))
             if let serial = configuration.serial { sections.append(context.checkSerial(serial)) }
+            if let mqtt = configuration.mqtt { sections.append(context.checkMQTT(mqtt)) }
         }
         sections.append(context.checkService())
         sections.append(context.checkBluetooth())
@@ -389,6 +391,44 @@ private struct Context {
     }
 
     // MARK: Serial (an HM-10 on a UART)
+
+    /// transports.mqtt: the library, the files it names (the password file
+    /// readable by the service and by nobody else), and the broker's port.
+    func checkMQTT(_ mqtt: MQTTConfiguration) -> DoctorSection {
+        var findings: [DoctorFinding] = []
+        var error = [CChar](repeating: 0, count: 256)
+        if let api = bc_mosquitto_load(&error, error.count) {
+            findings.append(DoctorFinding(.ok, "libmosquitto", "\(api.pointee.major).\(api.pointee.minor).\(api.pointee.revision)"))
+        } else {
+            findings.append(DoctorFinding(.fail, "libmosquitto", String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
+                                          fix: "sudo apt install libmosquitto1"))
+        }
+        let files = [("password file", mqtt.passwordFile), ("CA file", mqtt.caFile), ("certificate", mqtt.certFile), ("key file", mqtt.keyFile)]
+        for case let (what, path?) in files {
+            let subject = "MQTT \(what) \(path)"
+            guard let node = SystemInspector.node(at: system.path(path)) else {
+                findings.append(DoctorFinding(.fail, subject, "does not exist", fix: "create it, or correct transports.mqtt in the board file"))
+                continue
+            }
+            if let account, !node.readable(uid: account.uid, groups: serviceGroupIDs) {
+                findings.append(DoctorFinding(.fail, subject, "not readable by user \(account.name)",
+                                              fix: "sudo chgrp blecontrol \(path) && sudo chmod 0640 \(path)"))
+            } else if what == "password file" || what == "key file", node.mode & 0o004 != 0 {
+                findings.append(DoctorFinding(.warn, subject, "readable by everyone (\(node.description))",
+                                              fix: "sudo chgrp blecontrol \(path) && sudo chmod 0640 \(path)"))
+            } else {
+                findings.append(DoctorFinding(.ok, subject, node.description))
+            }
+        }
+        let broker = "\(mqtt.host):\(mqtt.port)"
+        if let failure = Sockets.probeTCP(host: mqtt.host, port: mqtt.port, timeout: .seconds(3)) {
+            findings.append(DoctorFinding(.fail, "MQTT broker \(broker)", "not reachable: \(failure)",
+                                          fix: "start the broker, or correct transports.mqtt.broker; `blecontrol fleet --mqtt \(broker)` tries it too"))
+        } else {
+            findings.append(DoctorFinding(.ok, "MQTT broker \(broker)", "accepts TCP connections\(mqtt.tls ? " (TLS is checked when the daemon connects)" : "")"))
+        }
+        return DoctorSection(title: "MQTT", findings: findings)
+    }
 
     func checkSerial(_ serial: SerialConfiguration) -> DoctorSection {
         var findings: [DoctorFinding] = []

@@ -170,6 +170,14 @@ public struct SystemInspector: Sendable {
 
         /// Whether a process with these ids may open the node read-write by
         /// its mode bits (root may always; ACLs are not consulted).
+        /// Whether a process of `uid` in `groups` may read it (root may).
+        public func readable(uid: UInt32, groups: [UInt32]) -> Bool {
+            if uid == 0 { return true }
+            if uid == self.uid { return mode & 0o400 != 0 }
+            if groups.contains(gid) { return mode & 0o040 != 0 }
+            return mode & 0o004 != 0
+        }
+
         public func readWritable(uid: UInt32, groups: [UInt32]) -> Bool {
             if uid == 0 { return true }
             if uid == self.uid { return mode & 0o600 == 0o600 }

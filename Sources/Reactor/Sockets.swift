@@ -58,6 +58,32 @@ public enum Sockets {
         return FileDescriptor(rawValue: fd)
     }
 
+    /// Whether a TCP connection to host:port is accepted within `timeout`
+    /// (the doctor's probe of a broker): nil when it is, else why not.
+    public static func probeTCP(host: String, port: UInt16, timeout: Duration) -> String? {
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_flags = AI_NUMERICSERV
+        var list: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(host, String(port), &hints, &list)
+        guard status == 0, let first = list else { return "cannot resolve \(host): \(String(cString: gai_strerror(status)))" }
+        defer { freeaddrinfo(list) }
+        let fd = socket(first.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return String(cString: strerror(Glibc.errno)) }
+        defer { close(fd) }
+        if connect(fd, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 { return nil }
+        guard Glibc.errno == EINPROGRESS else { return String(cString: strerror(Glibc.errno)) }
+        var descriptor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        guard poll(&descriptor, 1, Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)) == 1 else {
+            return "no answer within \(timeout)"
+        }
+        var error: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+        return error == 0 ? nil : String(cString: strerror(error))
+    }
+
     /// A listening Unix stream socket at `path`; a stale socket file left by
     /// a crashed daemon is replaced, a socket some live process still answers
     /// on (a second daemon) or anything else at that path is an error.

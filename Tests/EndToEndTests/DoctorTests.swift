@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The checkout's root, for the board files under board/.
 private let repositoryRoot = URL(fileURLWithPath: #filePath)
@@ -231,6 +232,39 @@ struct DoctorTests {
         #expect(finding("config.txt", in: fixed.stdout) == nil, "\(fixed.stdout)")
         #expect(!fixed.stdout.contains("onboard Bluetooth"))
         #expect(level(of: try #require(finding("console", in: fixed.stdout)).line) == "OK")
+    }
+
+    @Test("transports.mqtt: libmosquitto, a password file everyone can read (WARN), a missing CA file and a broker that is not there (FAIL), then one that is")
+    func mqtt() throws {
+        let scratch = try ScratchDirectory()
+        let password = try scratch.write("mqtt-password", "secret\n")
+        chmod(password, 0o644)
+        let simulator = try String(contentsOf: repositoryRoot.appendingPathComponent("board/simulator.yaml"), encoding: .utf8)
+        func board(_ port: UInt16) throws -> String {
+            try scratch.write("board-\(port).yaml", simulator.replacingOccurrences(of: "transports:\n", with: """
+            transports:
+              mqtt:
+                broker: 127.0.0.1:\(port)
+                username: robot
+                password_file: \(password)
+                ca_file: \(scratch.url.path)/missing-ca.pem
+
+            """))
+        }
+        let socket = scratch.url.appendingPathComponent("none.sock").path
+        let result = try run(Executables.cli, ["doctor", "--board", try board(1), "--socket", socket])
+        #expect(result.status == 1)
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.contains { level(of: $0) == (MosquittoBroker.available ? "OK" : "FAIL") && $0.contains("libmosquitto") }, "\(result.stdout)")
+        #expect(lines.contains { level(of: $0) == "WARN" && $0.contains("MQTT password file") && $0.contains("readable by everyone") }, "\(result.stdout)")
+        #expect(lines.contains { level(of: $0) == "FAIL" && $0.contains("MQTT CA file") && $0.contains("does not exist") }, "\(result.stdout)")
+        #expect(lines.contains { level(of: $0) == "FAIL" && $0.contains("MQTT broker 127.0.0.1:1") && $0.contains("not reachable") }, "\(result.stdout)")
+
+        guard MosquittoBroker.available else { return }
+        let broker = try MosquittoBroker()
+        let reachable = try run(Executables.cli, ["doctor", "--board", try board(broker.port), "--socket", socket])
+        #expect(reachable.stdout.split(separator: "\n").contains { level(of: String($0)) == "OK" && $0.contains("MQTT broker 127.0.0.1:\(broker.port)") },
+                "\(reachable.stdout)")
     }
 
     @Test("An invalid board file: FAIL with file:line and the --check-board hint, exit 1")
