@@ -184,6 +184,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     private struct Device {
         var address: String
         var connected: Bool
+        /// Paired, Bonded (5.72+) or Trusted: bluetoothd keeps it on purpose.
+        var kept = false
     }
 
     /// Why ``forgetBonds(_:)`` could not finish.
@@ -514,8 +516,34 @@ public final class BLEPeripheral: @unchecked Sendable {
     private func learnDevice(_ path: String, _ properties: [String: DBusValue]) {
         var device = devices[path] ?? Device(address: Self.address(of: path), connected: false)
         if let address = properties["Address"]?.stringValue { device.address = address.uppercased() }
+        let wasConnected = device.connected
         if let connected = properties["Connected"]?.boolValue { device.connected = connected }
+        for key in ["Paired", "Bonded", "Trusted"] where properties[key]?.boolValue == true { device.kept = true }
         devices[path] = device
+        // A central that may pair next: clear the way for its bond first.
+        if device.connected, !wasConnected, configuration.security != .open { removeStaleDevices() }
+    }
+
+    /// Removes the Device1 objects of centrals that are gone and were never
+    /// bonded (bluetoothd keeps them for TemporaryTimeout, 30 s). Why: when
+    /// a phone pairs from a private address and gives its identity address,
+    /// and bluetoothd still holds such an object for that identity (the same
+    /// phone, seen unbonded a moment ago), it merges the two but leaves the
+    /// old object's timer running; when it fires, bluetoothd removes that
+    /// object and deletes its storage directory, which is now the new
+    /// bond's: the keys are gone at the next start of bluetoothd (BlueZ
+    /// 5.66 to 5.82 at least: adapter.c new_irk_callback, device.c
+    /// device_disappeared -> device_remove_stored). Removing them before the
+    /// keys are distributed leaves nothing to merge. Nothing is lost: an
+    /// unbonded object holds no keys and no stored data.
+    private func removeStaleDevices() {
+        guard let connection, let owner = registration.owner else { return }
+        for (path, device) in devices where !device.connected && !device.kept {
+            devices.removeValue(forKey: path)
+            logger.debug("BLE: removing \(device.address), gone and not bonded, before a pairing")
+            connection.call(destination: owner, path: adapterPath, interface: "org.bluez.Adapter1", method: "RemoveDevice",
+                            arguments: [.objectPath(path)], timeout: .seconds(5)) { _ in }
+        }
     }
 
     private func objectManagerSignal(_ signal: DBusMessageInfo) {
@@ -653,6 +681,9 @@ public final class BLEPeripheral: @unchecked Sendable {
     }
 
     private func showPasskey(_ passkey: String, for device: String) {
+        // Before the passkey is shown (so before the central can finish
+        // pairing and send its keys): see removeStaleDevices.
+        removeStaleDevices()
         pairing = (device, passkey)
         logger.notice("BLE: pairing with \(device): passkey \(passkey)")
         handlers.passkey(device, passkey)

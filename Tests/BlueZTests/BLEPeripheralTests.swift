@@ -450,6 +450,32 @@ struct BLEPeripheralTests {
         }
     }
 
+    @Test func beforeAPairingTheCentralsThatLeftUnbondedAreRemoved() throws {
+        try withAdvertisingPeripheral(security: .authenticated) { bluez, _, _ in
+            let name = try bluez.peripheralName()
+            // B leaves without a bond; A (paired) stays connected. (Signals
+            // and calls from one connection arrive in order: no wait needed.)
+            bluez.disconnectCentral(FakeBlueZ.centralB)
+            _ = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.agentPath, interface: "org.bluez.Agent1", method: "DisplayPasskey",
+                                                 arguments: [.objectPath(FakeBlueZ.centralA), .uint32(4321), .uint16(0)])
+            #expect(eventually { bluez.removed.all == [FakeBlueZ.centralB] }, "\(bluez.removed.all)")
+            // A bonded central that leaves is kept.
+            bluez.disconnectCentral(FakeBlueZ.centralA)
+            bluez.connection.emitPropertiesChanged(path: FakeBlueZ.centralB, interface: "org.bluez.Device1", changed: [("Connected", .bool(true))])
+            // A round trip after the signal: the peripheral has acted on it.
+            _ = bluez.characteristicProperty("Notifying", of: name)
+            #expect(bluez.removed.all == [FakeBlueZ.centralB])
+        }
+        // Open: nobody pairs, nothing is removed.
+        try withAdvertisingPeripheral { bluez, ble, _ in
+            bluez.disconnectCentral(FakeBlueZ.centralB)
+            bluez.connection.emitPropertiesChanged(path: FakeBlueZ.centralA, interface: "org.bluez.Device1", changed: [("Connected", .bool(true))])
+            _ = bluez.characteristicProperty("Notifying", of: try bluez.peripheralName())
+            #expect(ble.stateDescription.contains("advertising"))
+            #expect(bluez.removed.all.isEmpty)
+        }
+    }
+
     @Test func withoutAcquireWriteEveryWriteStaysOnWriteValue() throws {
         try withAdvertisingPeripheral(acquireWrite: false) { bluez, ble, events in
             let name = try bluez.peripheralName()
