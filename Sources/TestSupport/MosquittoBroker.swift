@@ -26,7 +26,16 @@ public struct MosquittoError: Error, CustomStringConvertible {
 /// an ACL (the test task installs it: scripts/lib/packages).
 public final class MosquittoBroker: @unchecked Sendable {
     public static let binary = "/usr/sbin/mosquitto"
-    public static var available: Bool { FileManager.default.isExecutableFile(atPath: binary) }
+    /// Whether the MQTT tests can run here: the broker is installed and
+    /// this process can load libmosquitto (the aarch64 tier runs the
+    /// suites under qemu-user, where only the host's amd64 library is).
+    public static var available: Bool { FileManager.default.isExecutableFile(atPath: binary) && libraryLoads }
+
+    private static let libraryLoads: Bool = {
+        guard let handle = dlopen("libmosquitto.so.1", RTLD_NOW | RTLD_LOCAL) else { return false }
+        dlclose(handle)
+        return true
+    }()
 
     public let directory: String
     public let port: UInt16

@@ -9,7 +9,7 @@ import Glibc
 /// Two daemons (boards alpha and beta) on one broker, driven by
 /// `blecontrol --mqtt` and listed by `blecontrol fleet`.
 @Suite("The fleet on one broker, from the command line", .serialized,
-       .enabled(if: MosquittoBroker.available, "needs Debian's mosquitto (scripts/install-deps unit)"))
+       .enabled(if: MosquittoBroker.available, "needs Debian's mosquitto and libmosquitto1 for this architecture (scripts/install-deps unit)"))
 struct MQTTFleetTests {
     /// The simulator board named `name`, on `broker`.
     static func board(_ name: String, _ broker: MosquittoBroker) throws -> String {

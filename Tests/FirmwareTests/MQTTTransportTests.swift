@@ -24,7 +24,7 @@ private extension RunningBoard {
 
 private func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
-@Suite("The MQTT transport, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto (scripts/install-deps unit)"))
+@Suite("The MQTT transport, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto and libmosquitto1 for this architecture (scripts/install-deps unit)"))
 struct MQTTTransportTests {
     @Test("Per-output topics and raw frames drive the outputs; ERROR replies and refusals go to …/errors; online, status and failsafe retained")
     func commands() throws {
@@ -225,7 +225,7 @@ private let homeAssistantKeys: [String: (allowed: Set<String>, required: Set<Str
     ]
 }()
 
-@Suite("Home Assistant discovery, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto (scripts/install-deps unit)"))
+@Suite("Home Assistant discovery, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto and libmosquitto1 for this architecture (scripts/install-deps unit)"))
 struct MQTTDiscoveryTests {
     @Test("One device, an entity per output with the keys Home Assistant documents; a channel removed by a reload loses its entity")
     func discovery() throws {
