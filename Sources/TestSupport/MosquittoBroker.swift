@@ -42,6 +42,10 @@ public final class MosquittoBroker: @unchecked Sendable {
     /// A second listener with TLS (the certificate in `directory`, made for
     /// 127.0.0.1 by a CA of the test's own: `ca.crt`), when asked for.
     public let tlsPort: UInt16?
+    /// A third listener, with TLS, that wants a client certificate from the
+    /// same CA and takes its common name as the user (`client.crt`, CN
+    /// board), when TLS is asked for.
+    public let certificatePort: UInt16?
     private var process: Process?
 
     public init(tls: Bool = false) throws {
@@ -49,14 +53,21 @@ public final class MosquittoBroker: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         port = try MosquittoBroker.freePort()
         tlsPort = tls ? try MosquittoBroker.freePort() : nil
+        certificatePort = tls ? try MosquittoBroker.freePort() : nil
         var tlsListener = ""
-        if let tlsPort {
+        if let tlsPort, let certificatePort {
             try makeCertificates()
             tlsListener = """
             listener \(tlsPort) 127.0.0.1
             cafile \(directory)/ca.crt
             certfile \(directory)/server.crt
             keyfile \(directory)/server.key
+            listener \(certificatePort) 127.0.0.1
+            cafile \(directory)/ca.crt
+            certfile \(directory)/server.crt
+            keyfile \(directory)/server.key
+            require_certificate true
+            use_identity_as_username true
 
             """
         }
@@ -125,7 +136,21 @@ public final class MosquittoBroker: @unchecked Sendable {
     /// A board file's `transports.mqtt` section for this broker, as the
     /// board user (PASSWORD: a file in `directory`), to go after
     /// `transports:`.
-    public func mqttSection(password: String = "board.password", keepalive: Int = 5, caFile: String? = nil) -> String {
+    /// With `clientCertificate`, the board proves itself with `client.crt`
+    /// on `certificatePort` instead of a user name and password.
+    public func mqttSection(password: String = "board.password", keepalive: Int = 5, caFile: String? = nil, clientCertificate: Bool = false) -> String {
+        if clientCertificate {
+            return """
+              mqtt:
+                broker: 127.0.0.1:\(certificatePort ?? port)
+                ca_file: \(directory)/ca.crt
+                cert_file: \(directory)/client.crt
+                key_file: \(directory)/client.key
+                keepalive_s: \(keepalive)
+                status_interval_ms: 100
+
+            """
+        }
         let tls = caFile.map { "\n    ca_file: \($0)" } ?? ""
         return """
           mqtt:
@@ -154,6 +179,11 @@ public final class MosquittoBroker: @unchecked Sendable {
         try check(run(openssl, ["x509", "-req", "-in", "\(directory)/server.csr", "-CA", "\(directory)/ca.crt", "-CAkey", "\(directory)/ca.key",
                                 "-CAcreateserial", "-out", "\(directory)/server.crt", "-days", "2", "-extfile", "\(directory)/san.ext"]),
                   "openssl (server certificate)")
+        try check(run(openssl, ["req"] + key + ["-keyout", "\(directory)/client.key", "-out", "\(directory)/client.csr", "-subj", "/CN=board"]),
+                  "openssl (client key)")
+        try check(run(openssl, ["x509", "-req", "-in", "\(directory)/client.csr", "-CA", "\(directory)/ca.crt", "-CAkey", "\(directory)/ca.key",
+                                "-CAcreateserial", "-out", "\(directory)/client.crt", "-days", "2"]),
+                  "openssl (client certificate)")
         chmod("\(directory)/server.key", 0o644)
     }
 

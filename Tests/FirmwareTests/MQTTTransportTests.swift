@@ -168,7 +168,7 @@ struct MQTTTransportTests {
         #expect(try board.servo().failsafe != nil, "back on the broker, the failsafe holds until a command arrives")
     }
 
-    @Test("TLS: the board connects to a broker whose certificate chains to ca_file, and says why when it does not")
+    @Test("TLS: the board connects to a broker whose certificate chains to ca_file, and with a client certificate where one is wanted; says why when it cannot")
     func tls() throws {
         let broker = try Broker(tls: true)
         let board = try RunningBoard(yaml: broker.boardYAML(caFile: "\(broker.directory)/ca.crt"))
@@ -176,6 +176,18 @@ struct MQTTTransportTests {
         try broker.publish("blecontrol/simulator/enable/0/set", "ON")
         try broker.publish("blecontrol/simulator/servo/0/set", "400")
         #expect(eventually { abs(board.pulse(0) - 1400) < 5 }, "a command reaches the board over TLS")
+
+        // A client certificate instead of a password, where the broker wants one.
+        let certified = try RunningBoard(yaml: testBoard(silenceMs: 0).replacingOccurrences(of: "name: simulator", with: "name: certified")
+            .replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection(clientCertificate: true)))
+        #expect(eventually { certified.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.certificatePort ?? 0)") }, "\(certified.mqttState)")
+        try broker.publish("blecontrol/certified/enable/1/set", "ON")
+        try broker.publish("blecontrol/certified/servo/1/set", "600")
+        #expect(eventually { abs(certified.pulse(1) - 1600) < 5 }, "a command reaches the board that showed its certificate")
+        let uncertified = try RunningBoard(yaml: testBoard(silenceMs: 0).replacingOccurrences(of: "name: simulator", with: "name: uncertified")
+            .replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection(clientCertificate: true)
+                .replacingOccurrences(of: "    cert_file: \(broker.directory)/client.crt\n    key_file: \(broker.directory)/client.key\n", with: "")))
+        #expect(eventually { uncertified.mqttState.contains("retrying in") }, "\(uncertified.mqttState)")
 
         let untrusting = try RunningBoard(yaml: broker.boardYAML(caFile: "\(broker.directory)/other-ca.crt").replacingOccurrences(of: "name: simulator", with: "name: other"))
         #expect(eventually { untrusting.mqttState.contains("retrying in") }, "\(untrusting.mqttState)")
