@@ -49,6 +49,10 @@ public final class MosquittoBroker: @unchecked Sendable {
     private var process: Process?
 
     public init(tls: Bool = false) throws {
+        // As the daemon and the CLI do: a write to a connection the broker
+        // has closed (OpenSSL's TLS alert, say) is an error, not the end of
+        // the test process (seen under qemu-user: the bundle died of SIGPIPE).
+        signal(SIGPIPE, SIG_IGN)
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-mqtt-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         port = try MosquittoBroker.freePort()

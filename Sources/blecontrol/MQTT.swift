@@ -35,6 +35,10 @@ final class BrokerConnection: @unchecked Sendable {
     /// Connects to `--mqtt`'s broker (`text`: HOST or HOST:PORT) and waits
     /// for the broker's answer.
     init(_ text: String, _ arguments: Parsed) throws {
+        // A broker that closes the connection while we write (libmosquitto's
+        // TLS writes go through OpenSSL's write()) is an error to report,
+        // not a SIGPIPE that ends the command without a word.
+        signal(SIGPIPE, SIG_IGN)
         prefix = arguments.option("mqtt-prefix") ?? "blecontrol"
         guard MQTTConfiguration.isTopicLevel(prefix, allowSlash: true) else { throw UsageError("--mqtt-prefix: \(prefix) is not a topic prefix") }
         let tls = arguments.option("mqtt-ca-file") != nil
