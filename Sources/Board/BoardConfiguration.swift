@@ -314,6 +314,15 @@ public struct MQTTConfiguration: Sendable, Equatable {
         self.port = port
     }
 
+    /// A broker given as HOST or HOST:PORT (the board file's `broker`,
+    /// `blecontrol --mqtt`): the port defaults to MQTT's, 1883, or 8883
+    /// with TLS. Nil when it is neither.
+    public static func broker(_ text: String, tls: Bool) -> (host: String, port: UInt16)? {
+        if let endpoint = TCPConfiguration(endpoint: text), endpoint.port != 0 { return (endpoint.host, endpoint.port) }
+        guard !text.isEmpty, !text.contains(where: { $0 == " " || $0 == "/" || $0 == ":" }) else { return nil }
+        return (text, tls ? 8883 : 1883)
+    }
+
     /// Whether TLS is on (it is when a CA file is given).
     public var tls: Bool { caFile != nil }
 

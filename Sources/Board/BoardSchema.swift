@@ -481,13 +481,8 @@ extension BoardReader {
         var configuration = MQTTConfiguration(host: "", port: 1883)
         let tls = string(mqtt, "ca_file") != nil
         guard let broker = string(mqtt, "broker", required: true) else { return nil }
-        // HOST, or HOST:PORT; the port defaults to MQTT's (1883, 8883 with TLS).
-        if let endpoint = TCPConfiguration(endpoint: broker), endpoint.port != 0 {
-            configuration.host = endpoint.host
-            configuration.port = endpoint.port
-        } else if !broker.isEmpty, !broker.contains(where: { $0 == " " || $0 == "/" || $0 == ":" }) {
-            configuration.host = broker
-            configuration.port = tls ? 8883 : 1883
+        if let endpoint = MQTTConfiguration.broker(broker, tls: tls) {
+            (configuration.host, configuration.port) = endpoint
         } else {
             fail(mqtt.entries["broker"], "transports.mqtt.broker", "\"\(broker)\" is not HOST or HOST:PORT (e.g. mqtt.local or 192.168.1.2:1883)")
             return nil

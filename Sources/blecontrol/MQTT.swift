@@ -42,14 +42,8 @@ final class BrokerConnection: @unchecked Sendable {
         prefix = arguments.option("mqtt-prefix") ?? "blecontrol"
         guard MQTTConfiguration.isTopicLevel(prefix, allowSlash: true) else { throw UsageError("--mqtt-prefix: \(prefix) is not a topic prefix") }
         let tls = arguments.option("mqtt-ca-file") != nil
-        var endpoint: MQTTEndpoint
-        if let parsed = TCPConfiguration(endpoint: text), parsed.port != 0 {
-            endpoint = MQTTEndpoint(host: parsed.host, port: parsed.port, clientID: "blecontrol-cli-\(getpid())")
-        } else if !text.isEmpty, !text.contains(where: { $0 == ":" || $0 == "/" || $0 == " " }) {
-            endpoint = MQTTEndpoint(host: text, port: tls ? 8883 : 1883, clientID: "blecontrol-cli-\(getpid())")
-        } else {
-            throw UsageError("--mqtt: \(text) is not HOST or HOST:PORT")
-        }
+        guard let parsed = MQTTConfiguration.broker(text, tls: tls) else { throw UsageError("--mqtt: \(text) is not HOST or HOST:PORT") }
+        var endpoint = MQTTEndpoint(host: parsed.host, port: parsed.port, clientID: "blecontrol-cli-\(getpid())")
         broker = endpoint.description
         endpoint.keepalive = 10
         endpoint.username = arguments.option("mqtt-user")

@@ -43,18 +43,6 @@ public final class MQTTTransport: @unchecked Sendable {
     private var discovery: MQTTDiscovery?
     /// Config topics of this board's node published now.
     private var announced: Set<String> = []
-    /// Counters for status and tests.
-    public private(set) var statistics = Statistics()
-
-    public struct Statistics: Sendable, Equatable {
-        public var connects = 0
-        public var losses = 0
-        /// Messages dropped because the broker flagged them retained.
-        public var retainedIgnored = 0
-        /// Messages on a topic or with a payload the board does not take.
-        public var rejected = 0
-    }
-
     static let firstBackoff: Duration = .seconds(1)
     static let maxBackoff: Duration = .seconds(30)
 
@@ -162,7 +150,6 @@ public final class MQTTTransport: @unchecked Sendable {
             logger.error("MQTT: \(state)")
             return
         }
-        statistics.connects += 1
         backoff = Self.firstBackoff
         refusedReason = nil
         // One session for the broker connection: the central is the broker.
@@ -198,7 +185,6 @@ public final class MQTTTransport: @unchecked Sendable {
         let why = client?.describe(code) ?? "code \(code)"
         endSession(reason: code == 0 ? nil : why)
         guard running else { return }
-        if hadSession { statistics.losses += 1 }
         failed(refusedReason ?? (hadSession ? "lost the broker \(endpointText): \(why)" : "cannot reach \(endpointText): \(why)"))
     }
 
@@ -224,7 +210,6 @@ public final class MQTTTransport: @unchecked Sendable {
         // The broker flags what it kept; a command it kept must never move
         // an output (a retained …/set at boot would start a motor).
         if retained {
-            statistics.retainedIgnored += 1
             return
         }
         switch topics.command(topic: topic, payload: payload) {
@@ -236,7 +221,6 @@ public final class MQTTTransport: @unchecked Sendable {
         case .message(let message):
             hub.receive(FrameEncoder.encode(message), for: session)
         case .invalid(let why):
-            statistics.rejected += 1
             logger.warning("MQTT: \(topic): \(why)")
             client?.publish(topics.errors, Array("\(topic): \(why)".utf8))
         case .ignored:
@@ -327,7 +311,7 @@ public struct MQTTTopics: Sendable, Equatable {
         let levels = topic.dropFirst(base.count + 1).split(separator: "/", omittingEmptySubsequences: false)
         guard levels.count == 3, levels[2] == "set" else { return .ignored }
         guard let index = UInt8(levels[1]) else { return .invalid("\(levels[1]) is not a channel number (0…255)") }
-        let text = String(decoding: payload, as: UTF8.self).trimmingCharacters(in: [" ", "\n", "\r", "\t"])
+        let text = String(decoding: payload, as: UTF8.self).trimmed
         switch levels[0] {
         case "servo", "pwm":
             guard let value = UInt16(text), value <= 1000 else { return .invalid("\"\(text)\" is not a value 0…1000") }
@@ -346,14 +330,5 @@ public struct MQTTTopics: Sendable, Equatable {
         default:
             return .invalid("\(levels[0]) is not an output kind (servo, pwm, switch, enable, lcd)")
         }
-    }
-}
-
-private extension String {
-    func trimmingCharacters(in set: Set<Character>) -> String {
-        var slice = Substring(self)
-        while let first = slice.first, set.contains(first) { slice = slice.dropFirst() }
-        while let last = slice.last, set.contains(last) { slice = slice.dropLast() }
-        return String(slice)
     }
 }
