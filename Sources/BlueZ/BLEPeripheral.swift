@@ -13,6 +13,23 @@ public enum BLESecurity: String, Sendable, CaseIterable {
     case encrypted
     /// Writes need an authenticated (MITM-protected) encrypted link.
     case authenticated
+
+    /// The IO capability of the pairing agent the board registers as
+    /// bluetoothd's default, nil for none. bluetoothd asks the default
+    /// agent to authorise every pairing a central starts, Just Works
+    /// included (its "No agent available" otherwise fails the pairing,
+    /// and without an agent the adapter does not bond either), so
+    /// `encrypted` needs one as much as `authenticated`. DisplayOnly:
+    /// passkey entry, the MITM-protected method a display-only device has
+    /// (Core 5.3 Vol 3 Part H 2.3.5.1, Table 2.8); NoInputNoOutput: Just
+    /// Works.
+    public var agentCapability: String? {
+        switch self {
+        case .open: return nil
+        case .encrypted: return "NoInputNoOutput"
+        case .authenticated: return "DisplayOnly"
+        }
+    }
 }
 
 /// The board as a BLE peripheral through BlueZ (bluetoothd, or any service
@@ -238,7 +255,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         adapterPath = "/org/bluez/" + configuration.adapter
         registration = Registration(options: .init(
             adapter: configuration.adapter, powerOn: configuration.powerOn,
-            agent: configuration.security == .authenticated, alias: configuration.setAlias ? configuration.name : nil
+            agent: configuration.security.agentCapability, alias: configuration.setAlias ? configuration.name : nil
         ))
         loop = try EventLoop(name: "blecontrol-dbus")
     }
@@ -475,11 +492,8 @@ public final class BLEPeripheral: @unchecked Sendable {
             connection.call(destination: owner, path: adapterPath, interface: "org.freedesktop.DBus.Properties", method: "Set",
                             arguments: [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.string(alias))], completion: reply)
         case .registerAgent:
-            // DisplayOnly: bluetoothd pairs with passkey entry (the central
-            // types the number the board shows), the MITM-protected method a
-            // display-only device has (Core 5.3 Vol 3 Part H 2.3.5.1, Table 2.8).
             connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RegisterAgent",
-                            arguments: [.objectPath(Self.agentPath), .string("DisplayOnly")], completion: reply)
+                            arguments: [.objectPath(Self.agentPath), .string(configuration.security.agentCapability ?? "NoInputNoOutput")], completion: reply)
         case .requestDefaultAgent:
             connection.call(destination: owner, path: "/org/bluez", interface: "org.bluez.AgentManager1", method: "RequestDefaultAgent",
                             arguments: [.objectPath(Self.agentPath)], completion: reply)
@@ -664,8 +678,9 @@ public final class BLEPeripheral: @unchecked Sendable {
         ) { [weak self] in
             self?.feed(.advertisementReleased)
         }])
-        if configuration.security == .authenticated {
+        if configuration.security != .open {
             connection.export(path: Self.agentPath, interfaces: [GATTObjects.agent(
+                justWorks: configuration.security == .encrypted,
                 show: { [weak self] device, passkey in self?.showPasskey(passkey, for: device) },
                 showing: { [weak self] in self?.pairing?.device },
                 end: { [weak self] in self?.pairingEnded() },

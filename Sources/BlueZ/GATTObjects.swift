@@ -144,9 +144,11 @@ enum GATTObjects {
     }
 
     /// org.bluez.Agent1 for a board that can display but not type or
-    /// confirm. Requests for input are rejected; Just Works is refused,
-    /// because it is not MITM-protected (Core 5.3 Vol 3 Part H 2.3.5.1).
-    static func agent(show: @escaping (_ device: String, _ passkey: String) -> Void, showing: @escaping () -> String?, end: @escaping () -> Void, released: @escaping () -> Void) -> DBusInterface {
+    /// confirm. Requests for input are rejected. Just Works (bluetoothd's
+    /// RequestAuthorization) is accepted with `justWorks` (`ble.security:
+    /// encrypted`), refused otherwise: it is not MITM-protected (Core 5.3
+    /// Vol 3 Part H 2.3.5.1).
+    static func agent(justWorks: Bool, show: @escaping (_ device: String, _ passkey: String) -> Void, showing: @escaping () -> String?, end: @escaping () -> Void, released: @escaping () -> Void) -> DBusInterface {
         let agent = DBusInterface("org.bluez.Agent1")
         agent.method("Release") { call in
             call.reply()
@@ -178,7 +180,10 @@ enum GATTObjects {
         }
         agent.method("RequestPinCode", in: "o", out: "s") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a PIN") }
         agent.method("RequestPasskey", in: "o", out: "u") { call in call.fail("org.bluez.Error.Rejected", "display-only board: cannot enter a passkey") }
-        agent.method("RequestAuthorization", in: "o") { call in call.fail("org.bluez.Error.Rejected", "ble.security is authenticated: Just Works pairing refused") }
+        agent.method("RequestAuthorization", in: "o") { call in
+            if justWorks { return call.reply() }
+            call.fail("org.bluez.Error.Rejected", "ble.security is authenticated: Just Works pairing refused")
+        }
         agent.method("AuthorizeService", in: "os") { call in call.reply() }
         agent.method("Cancel") { call in
             end()

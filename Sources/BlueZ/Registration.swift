@@ -14,8 +14,10 @@ struct Registration: Sendable {
     struct Options: Sendable, Equatable {
         var adapter: String
         var powerOn: Bool
-        /// Register the DisplayOnly pairing agent first (`ble.security: authenticated`).
-        var agent: Bool
+        /// Register our pairing agent first, with this IO capability:
+        /// DisplayOnly (`ble.security: authenticated`), NoInputNoOutput
+        /// (`encrypted`), none (`open`).
+        var agent: String?
         /// Set the adapter's Alias (the GAP name iOS lists) to this, restoring it on stop.
         var alias: String?
     }
@@ -205,7 +207,7 @@ struct Registration: Sendable {
             phase = .settingAlias
             return [.call(.setAlias(alias), generation: generation)]
         }
-        if options.agent, !agentRegistered {
+        if options.agent != nil, !agentRegistered {
             phase = .registeringAgent
             return [.report("registering the pairing agent"), .call(.registerAgent, generation: generation)]
         }
@@ -297,7 +299,7 @@ struct Registration: Sendable {
         case .registerAgent, .requestDefaultAgent:
             // Unauthenticated writes will fail, but the service still runs.
             agentRegistered = true
-            return [.report("pairing agent: \(failure); authenticated pairing will fail")] + next()
+            return [.report("pairing agent: \(failure); pairing will fail")] + next()
         case .registerApplication where alreadyThere:
             applicationRegistered = true
             return next()

@@ -393,6 +393,38 @@ struct BLEPeripheralTests {
         }
     }
 
+    /// bluetoothd asks the default agent to authorise a Just Works pairing
+    /// a central starts, and without an agent it neither accepts the
+    /// pairing nor bonds (found in the image tier: "No agent available",
+    /// SMP "Numeric comparison failed"): `encrypted` registers a
+    /// NoInputNoOutput agent that says yes, and still types nothing.
+    @Test func encryptedSecurityRegistersAJustWorksAgentThatAcceptsThePairing() throws {
+        try withAdvertisingPeripheral(security: .encrypted) { bluez, _, events in
+            #expect(bluez.agents.all == ["register /org/blecontrol/agent NoInputNoOutput", "default /org/blecontrol/agent"])
+            let name = try bluez.peripheralName()
+            let device = "/org/bluez/hci0/dev_00_00_00_02_00_01"
+            func agent(_ method: String, _ arguments: [DBusValue]) throws {
+                _ = try bluez.connection.callAndWait(destination: name, path: BLEPeripheral.agentPath, interface: "org.bluez.Agent1", method: method, arguments: arguments)
+            }
+            try agent("RequestAuthorization", [.objectPath(device)])
+            for (method, arguments) in [("RequestPasskey", [DBusValue.objectPath(device)]), ("RequestPinCode", [.objectPath(device)])] {
+                do {
+                    try agent(method, arguments)
+                    Issue.record("\(method) was accepted")
+                } catch let failure as DBusFailure {
+                    #expect(failure.name == "org.bluez.Error.Rejected")
+                }
+            }
+            #expect(events.passkeys.all.isEmpty)
+        }
+    }
+
+    @Test func openSecurityRegistersNoAgent() throws {
+        try withAdvertisingPeripheral(security: .open) { bluez, _, _ in
+            #expect(bluez.agents.all.isEmpty)
+        }
+    }
+
     @Test func advertisesFastThenSlowAndFastAgainWhenTheLastCentralLeaves() throws {
         guard let bus = try PrivateBus.start() else { return }
         defer { bus.stop() }
