@@ -41,9 +41,10 @@ let package = Package(
     dependencies: packageDependencies,
     targets: [
         .target(name: "BLEControlProtocol"),
-        // Seeded inputs, a loopback client and a Mosquitto broker rig shared
-        // by tests and benchmarks.
-        .target(name: "TestSupport", dependencies: ["Reactor"]),
+        // Seeded inputs, a loopback client, a Mosquitto broker rig and
+        // made-up GPIO chips (Pi 4 and Pi 5 layouts) shared by tests and
+        // benchmarks.
+        .target(name: "TestSupport", dependencies: ["LinuxHardware", "Reactor"]),
         .target(name: "Hardware"),
         // epoll, eventfd, signalfd, named threads, monotonic condition
         // variables and priority-inheriting mutexes (glibc, _GNU_SOURCE).
@@ -141,8 +142,10 @@ let package = Package(
         .testTarget(name: "ReactorTests", dependencies: ["Reactor", "TestSupport"]),
         .testTarget(name: "ControlTests", dependencies: ["Control"]),
         .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "CDBus", "Reactor"]),
-        .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C"]),
+        .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C", "TestSupport"]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
+        // The doctor's checks in process, against made-up machines.
+        .testTarget(name: "DoctorTests", dependencies: ["Doctor", "Board", "LinuxHardware", "Reactor", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -50,6 +50,11 @@ public struct BusConfiguration: Sendable, Equatable {
         case emulated
         /// A Linux i2c-dev character device such as `/dev/i2c-1`.
         case device(path: String)
+        /// The Linux adapter with this name in sysfs (`/sys/bus/i2c/devices/
+        /// i2c-N/name`, e.g. "bcm2835 (i2c@7e804000)"), whose i2c-dev node is
+        /// looked up each time the bus is opened (`LinuxI2CBus.devicePath(adapterNamed:)`):
+        /// adapter numbers depend on the kernel and its device tree, names do not.
+        case adapter(name: String)
     }
     public var kind: Kind
     /// Emulated buses only: how long each byte occupies the bus, so the
@@ -152,6 +157,13 @@ public struct ServoConfiguration: Sendable, Equatable {
     public var channels: [ChannelConfiguration]
     /// Flush budget per PWM period (0: unlimited); see `ServoPath.Timing`.
     public var maxFlushesPerPeriod: Int = 4
+    /// The GPIO line wired to the chips' OE pin (`servo.output_enable`), if
+    /// any: driven to its active level (low by default: OE is active low,
+    /// datasheet §7.4) once every output is off at start, and inactive when
+    /// the daemon stops. A pull-up on OE then switches the outputs off
+    /// whenever nothing drives the line: a reset or hung SoC, a daemon the
+    /// kernel took the line from.
+    public var outputEnable: LEDConfiguration? = nil
 }
 
 /// The HD44780 character LCD on a PCF8574 backpack.
@@ -172,7 +184,9 @@ public struct SwitchConfiguration: Sendable, Equatable {
     public enum Output: Sendable, Equatable, CustomStringConvertible {
         /// An in-process line (the simulator).
         case emulated
-        /// A GPIO line through libgpiod, by chip and offset or line name.
+        /// A GPIO line through libgpiod, by chip and offset or line name;
+        /// `chip` is a device or a label, empty for "whichever chip has a
+        /// line of that name" (see `GPIODLine.locate`).
         case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
         /// A PCA9685 output held fully on or off (datasheet §7.3.3, the
         /// full-on and full-off bits); `chip` indexes
@@ -183,7 +197,8 @@ public struct SwitchConfiguration: Sendable, Equatable {
             switch self {
             case .emulated: return "emulated"
             case .gpio(let chip, let line, let lineName, let activeLow):
-                return "\(chip):\(lineName ?? line.map(String.init) ?? "?")\(activeLow ? " (active low)" : "")"
+                let which = lineName ?? line.map(String.init) ?? "?"
+                return "\(chip.isEmpty ? which : "\(chip):\(which)")\(activeLow ? " (active low)" : "")"
             case .pca9685(let chip, let output): return chip == 0 ? "PCA9685 output \(output)" : "PCA9685 \(chip) output \(output)"
             }
         }
@@ -203,9 +218,12 @@ public struct SwitchConfiguration: Sendable, Equatable {
 }
 
 /// The status LED.
+/// A GPIO output line of the board file (`led`, `servo.output_enable`):
+/// emulated (the simulator) or a line through libgpiod.
 public enum LEDConfiguration: Sendable, Equatable {
     case emulated
-    /// A GPIO line by chip (`gpiochip0`) and offset or line name.
+    /// A GPIO line by chip (`gpiochip0`, a label such as `pinctrl-rp1`, or
+    /// empty: every chip is searched for `lineName`) and offset or line name.
     case gpio(chip: String, line: Int?, lineName: String?, activeLow: Bool)
 }
 

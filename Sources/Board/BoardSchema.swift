@@ -17,7 +17,11 @@ extension BoardReader {
         if let servo, let lcd, servo.chips.contains(where: { $0.bus == lcd.bus && $0.address == lcd.address }) {
             fail(top.entries["lcd"], "lcd.address", "\(lcd.address) is already a PCA9685's address on bus \(lcd.bus)")
         }
-        let led = top.entries["led"].flatMap(statusLED)
+        let led = top.entries["led"].flatMap { gpioOutput($0, field: "led", activeLow: false) }
+        if case .gpio(let chip, let line, let lineName, _)? = led, case .gpio(let oeChip, let oeLine, let oeName, _)? = servo?.outputEnable,
+           Self.lineKey(chip, line, lineName) == Self.lineKey(oeChip, oeLine, oeName) {
+            fail(top.entries["led"], "led", "\(Self.lineKey(chip, line, lineName)) is servo.output_enable's line")
+        }
         let switches = top.entries["switches"].map { switchList($0, servo: servo, led: led) } ?? []
         let ble = bluetooth(top.entries["ble"])
         let transports = top.entries["transports"].flatMap { mapping($0, "transports", allowed: ["tcp", "serial", "mqtt"]) }
@@ -70,7 +74,10 @@ extension BoardReader {
         var indexLines: [Int: Int] = [:]
         var usedLines: [String: Int] = [:]
         if case .gpio(let chip, let line, let lineName, _)? = led {
-            usedLines["\(chip):\(lineName ?? line.map(String.init) ?? "")"] = -1
+            usedLines[Self.lineKey(chip, line, lineName)] = -1
+        }
+        if case .gpio(let chip, let line, let lineName, _)? = servo?.outputEnable {
+            usedLines[Self.lineKey(chip, line, lineName)] = -2
         }
         let channelOutputs = Set(servo?.channels.map { ChipOutput(chip: $0.chip, output: $0.output) } ?? [])
         for (position, item) in items.enumerated() {
@@ -91,13 +98,12 @@ extension BoardReader {
                     fail(item, field, "needs one of `line: N` or `line_name: NAME`, not both")
                     continue
                 }
-                let chip = string(fields, "chip", default: "gpiochip0") ?? "gpiochip0"
                 let line = integer(fields, "line", in: 0...1023)
                 let lineName = string(fields, "line_name")
-                guard line != nil || lineName != nil else { continue }
-                let key = "\(chip):\(lineName ?? line.map(String.init) ?? "")"
+                guard let chip = gpioChip(fields, byName: fields.entries["line_name"] != nil), line != nil || lineName != nil else { continue }
+                let key = Self.lineKey(chip, line, lineName)
                 if let previous = usedLines[key] {
-                    fail(fields.entries["line"] ?? fields.entries["line_name"], "\(field)", previous < 0 ? "\(key) is the status LED's line" : "\(key) is already switch \(previous)'s line")
+                    fail(fields.entries["line"] ?? fields.entries["line_name"], "\(field)", previous == -1 ? "\(key) is the status LED's line" : previous == -2 ? "\(key) is servo.output_enable's line" : "\(key) is already switch \(previous)'s line")
                 }
                 usedLines[key] = index ?? 0
                 output = .gpio(chip: chip, line: line, lineName: lineName, activeLow: bool(fields, "active_low", default: false))
@@ -141,23 +147,31 @@ extension BoardReader {
                 continue
             }
             let field = "buses.\(name)"
-            guard let fields = mapping(value, field, allowed: ["emulated", "device", "max_write_bytes", "byte_time_us"]) else { continue }
+            guard let fields = mapping(value, field, allowed: ["emulated", "device", "adapter", "max_write_bytes", "byte_time_us"]) else { continue }
             let maxWrite = integer(fields, "max_write_bytes", in: 2...8192)
             let emulated = bool(fields, "emulated", default: false)
             let device = string(fields, "device")
-            switch (emulated, device) {
-            case (true, nil):
+            let adapter = string(fields, "adapter")
+            let given = [emulated ? "emulated" : nil, device.map { _ in "device" }, adapter.map { _ in "adapter" }].compactMap { $0 }
+            guard given.count == 1 else {
+                fail(value, field, given.isEmpty
+                     ? "needs `device: /dev/i2c-N` or `adapter: NAME` (or `emulated: true` for the simulator)"
+                     : "is exactly one of `emulated: true`, `device: /dev/i2c-N` or `adapter: NAME`, not \(given.joined(separator: " and "))")
+                continue
+            }
+            if !emulated, fields.entries["byte_time_us"] != nil {
+                fail(fields.entries["byte_time_us"], "\(field).byte_time_us", "only applies to emulated buses")
+            }
+            if let path = device {
+                if !path.hasPrefix("/dev/") { fail(fields.entries["device"], "\(field).device", "must be a device path such as /dev/i2c-1") }
+                buses[name] = BusConfiguration(kind: .device(path: path), maxWriteLength: maxWrite)
+            } else if let adapter {
+                if adapter.isEmpty || adapter.contains("\n") { fail(fields.entries["adapter"], "\(field).adapter", "must be an adapter's name as `i2cdetect -l` lists it") }
+                buses[name] = BusConfiguration(kind: .adapter(name: adapter), maxWriteLength: maxWrite)
+            } else {
                 // 9 clocks per byte at 100 kHz is 90 µs; 10 ms would be absurd.
                 let byteTime = integer(fields, "byte_time_us", in: 0...10_000, default: 0) ?? 0
                 buses[name] = BusConfiguration(kind: .emulated, byteTime: .microseconds(byteTime), maxWriteLength: maxWrite)
-            case (false, let path?):
-                if !path.hasPrefix("/dev/") { fail(fields.entries["device"], "\(field).device", "must be a device path such as /dev/i2c-1") }
-                if fields.entries["byte_time_us"] != nil { fail(fields.entries["byte_time_us"], "\(field).byte_time_us", "only applies to emulated buses") }
-                buses[name] = BusConfiguration(kind: .device(path: path), maxWriteLength: maxWrite)
-            case (true, _?):
-                fail(value, field, "is either `emulated: true` or `device: /dev/i2c-N`, not both")
-            case (false, nil):
-                fail(value, field, "needs `device: /dev/i2c-N` (or `emulated: true` for the simulator)")
             }
         }
         return buses
@@ -178,8 +192,9 @@ extension BoardReader {
     private static let chipKeys = ["bus", "address", "frequency_hz", "oscillator_hz", "output_drive"]
 
     private func servoController(_ node: Node, buses: [String: BusConfiguration]) -> ServoConfiguration? {
-        guard let fields = mapping(node, "servo", allowed: Set(Self.chipKeys + ["chips", "channels", "max_flushes_per_period"])) else { return nil }
+        guard let fields = mapping(node, "servo", allowed: Set(Self.chipKeys + ["chips", "channels", "max_flushes_per_period", "output_enable"])) else { return nil }
         let flushBudget = integer(fields, "max_flushes_per_period", in: 0...100, default: 4)
+        let outputEnable = fields.entries["output_enable"].flatMap { gpioOutput($0, field: "servo.output_enable", activeLow: true) }
         var chips: [PCA9685Chip?] = []
         // Where each chip was written, for the line of a problem.
         var chipNodes: [Node] = []
@@ -230,7 +245,8 @@ extension BoardReader {
                      "\(BoardReader.show(chip.frequency.value)) Hz is too fast for servo/esc channels (their pulses are up to 2.5 ms; use ≤ 400 Hz)")
             }
         }
-        return ServoConfiguration(chips: resolved, channels: channels.sorted { $0.channel < $1.channel }, maxFlushesPerPeriod: flushBudget)
+        if fields.entries["output_enable"] != nil, outputEnable == nil { return nil }
+        return ServoConfiguration(chips: resolved, channels: channels.sorted { $0.channel < $1.channel }, maxFlushesPerPeriod: flushBudget, outputEnable: outputEnable)
     }
 
     /// One chip's settings from `fields` (the servo section or a chip entry).
@@ -376,22 +392,37 @@ extension BoardReader {
         return LCDConfiguration(bus: bus, address: address, columns: columns, rows: rows, pins: pins, charsPerTransaction: chunk)
     }
 
-    private func statusLED(_ node: Node) -> LEDConfiguration? {
-        guard let fields = mapping(node, "led", allowed: ["emulated", "chip", "line", "line_name", "active_low"]) else { return nil }
+    /// `led` and `servo.output_enable`: one GPIO output line.
+    private func gpioOutput(_ node: Node, field: String, activeLow defaultActiveLow: Bool) -> LEDConfiguration? {
+        guard let fields = mapping(node, field, allowed: ["emulated", "chip", "line", "line_name", "active_low"]) else { return nil }
         if bool(fields, "emulated", default: false) {
-            if fields.entries.count > 1 { fail(node, "led", "`emulated: true` takes no other settings") }
+            if fields.entries.count > 1 { fail(node, field, "`emulated: true` takes no other settings") }
             return .emulated
         }
-        let chip = string(fields, "chip", default: "gpiochip0")
+        let chip = gpioChip(fields, byName: fields.entries["line_name"] != nil)
         let line = integer(fields, "line", in: 0...1023)
         let lineName = string(fields, "line_name")
         if (fields.entries["line"] == nil) == (fields.entries["line_name"] == nil) {
-            fail(node, "led", "needs exactly one of `line: N` or `line_name: NAME` (or `emulated: true`)")
+            fail(node, field, "needs exactly one of `line: N` or `line_name: NAME` (or `emulated: true`)")
             return nil
         }
-        let activeLow = bool(fields, "active_low", default: false)
+        let activeLow = bool(fields, "active_low", default: defaultActiveLow)
         guard let chip, line != nil || lineName != nil else { return nil }
         return .gpio(chip: chip, line: line, lineName: lineName, activeLow: activeLow)
+    }
+
+    /// A GPIO line as written (`gpiochip0:GPIO22`, `GPIO22` with no chip),
+    /// to tell two uses of one line apart.
+    private static func lineKey(_ chip: String, _ line: Int?, _ lineName: String?) -> String {
+        let which = lineName ?? line.map(String.init) ?? ""
+        return chip.isEmpty ? which : "\(chip):\(which)"
+    }
+
+    /// A GPIO line's `chip`: a device (`gpiochip0`, `/dev/gpiochip0`) or a
+    /// label (`pinctrl-rp1`). Left out, a line given by name is looked for
+    /// on every chip (""), one given by offset is on gpiochip0.
+    private func gpioChip(_ fields: Fields, byName: Bool) -> String? {
+        string(fields, "chip", default: byName ? "" : "gpiochip0")
     }
 
     private func bluetooth(_ node: Node?) -> BLEConfiguration {

@@ -12,7 +12,9 @@ public enum EmbeddedBoards {
 name: simulator
 
 # I2C buses by name. `emulated: true` is an in-process bus with the devices
-# named below attached; real boards use `device: /dev/i2c-1`.
+# named below attached; real boards use `device: /dev/i2c-1`, or name the
+# adapter as `i2cdetect -l` does (`adapter: "bcm2835 (i2c@7e804000)"`),
+# whatever number the kernel gave it.
 # max_write_bytes: the longest single write the adapter accepts (optional).
 # byte_time_us (emulated only): bus time per byte; 90 is a 100 kHz bus.
 buses:
@@ -62,7 +64,7 @@ servo:
 
 # SWITCH_VAL outputs (the demo app's four switches). Each is one of:
 #   { switch: N, emulated: true }                             the simulator
-#   { switch: N, chip: gpiochip0, line_name: GPIO22, active_low: false }
+#   { switch: N, line_name: GPIO22, active_low: false }       a GPIO line (chip: below)
 #   { switch: N, output: 12 }                                 a PCA9685 output, fully on/off
 # safe: off (default) or on: what a failsafe sets it to.
 switches:
@@ -82,7 +84,10 @@ lcd:
   chars_per_transaction: 4      # the longest a servo write waits behind
 
 # Status LED: `emulated: true`, or a GPIO line:
-#   { chip: gpiochip0, line_name: GPIO17, active_low: false }
+#   { line_name: GPIO17, active_low: false }
+# A line_name is looked up on every GPIO chip (a Pi 5's header may be
+# gpiochip4 or gpiochip0); `chip:` names one, by device (gpiochip0) or
+# label (pinctrl-rp1); a `line: N` offset is on gpiochip0 unless it says.
 led:
   emulated: true
 

@@ -112,6 +112,19 @@ int blc_gpio_line_consumer(const char *chip_path, unsigned int offset,
     return 0;
 }
 
+// The chip's label copied into buffer (size > 0). 0 or -errno.
+static int chip_label(struct gpiod_chip *chip, char *buffer, size_t size) {
+    strncpy(buffer, gpiod_chip_label(chip), size - 1);
+    buffer[size - 1] = '\0';
+    return 0;
+}
+
+// The offset of the line called name, or -1 with errno set (ENOENT: none).
+static int chip_line_offset(struct gpiod_chip *chip, const char *name) {
+    struct gpiod_line *line = gpiod_chip_find_line(chip, name);
+    return line ? (int)gpiod_line_offset(line) : -1;
+}
+
 const char *blc_gpio_library_version(void) {
     return gpiod_version_string();
 }
@@ -240,8 +253,51 @@ int blc_gpio_line_consumer(const char *chip_path, unsigned int offset,
     return 0;
 }
 
+// The chip's label copied into buffer (size > 0). 0 or -errno.
+static int chip_label(struct gpiod_chip *chip, char *buffer, size_t size) {
+    struct gpiod_chip_info *info = gpiod_chip_get_info(chip);
+    if (!info) return -errno;
+    strncpy(buffer, gpiod_chip_info_get_label(info), size - 1);
+    buffer[size - 1] = '\0';
+    gpiod_chip_info_free(info);
+    return 0;
+}
+
+// The offset of the line called name, or -1 with errno set (ENOENT: none).
+static int chip_line_offset(struct gpiod_chip *chip, const char *name) {
+    return gpiod_chip_get_line_offset_from_name(chip, name);
+}
+
 const char *blc_gpio_library_version(void) {
     return gpiod_api_version();
 }
 
 #endif
+
+// ------------------------------------------------ both: what the chips hold
+
+int blc_gpio_chip_label(const char *chip_path, char *buffer, size_t size) {
+    if (size == 0) return -EINVAL;
+    buffer[0] = '\0';
+    struct gpiod_chip *chip = gpiod_chip_open(chip_path);
+    if (!chip) return -errno;
+    int result = chip_label(chip, buffer, size);
+    gpiod_chip_close(chip);
+    return result;
+}
+
+int blc_gpio_chip_find_line(const char *chip_path, const char *name, unsigned int *offset) {
+    struct gpiod_chip *chip = gpiod_chip_open(chip_path);
+    if (!chip) return -errno;
+    errno = 0;
+    int found = chip_line_offset(chip, name);
+    int result = 0;
+    if (found >= 0) {
+        *offset = (unsigned int)found;
+    } else {
+        // Both versions say ENOENT for a name the chip lacks (1.x may leave errno 0).
+        result = (errno == 0 || errno == ENOENT) ? 1 : -errno;
+    }
+    gpiod_chip_close(chip);
+    return result;
+}

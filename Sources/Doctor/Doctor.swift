@@ -27,7 +27,7 @@ public struct DoctorOptions: Sendable {
     /// The daemon's control socket; nil: `$BLECONTROL_SOCKET`, else the
     /// board file's `control.socket`.
     public var socketPath: String?
-    /// Where `/proc`, `/sys` and `/boot` are read.
+    /// Where `/proc`, `/sys`, `/boot`, `/etc` and `/var` are read, and the GPIO chips.
     public var system: SystemInspector
     public var environment: [String: String]
 
@@ -45,14 +45,15 @@ public struct DoctorOptions: Sendable {
 }
 
 /// The checks behind `blecontrol doctor`: the board file, the I2C buses and
-/// the chips on them, the LED line, the service user, the systemd unit,
-/// bluetoothd and the adapter, and the running daemon. Every warning and
-/// failure carries one line saying what to do.
+/// the chips on them, the LED's and switches' GPIO lines, the service user,
+/// the systemd unit, the system under it (watchdog, boot-time all-off,
+/// journal, file systems), bluetoothd and the adapter, and the running
+/// daemon. Every warning and failure carries one line saying what to do.
 ///
 /// Nothing here changes the machine. The chips are probed with reads only,
-/// which is safe while the daemon drives the same bus; the LED line is
-/// requested for an instant (driven to its inactive level, i.e. dark) and
-/// released, unless the daemon holds it.
+/// which is safe while the daemon drives the same bus; each GPIO line is
+/// requested for an instant (driven to its inactive level: the LED dark, a
+/// switch off) and released, unless the daemon holds it.
 ///
 /// A board whose buses and LED are all emulated (the simulator) needs none
 /// of the hardware, and runs without the service user or BlueZ: there those
@@ -86,11 +87,12 @@ public enum Doctor {
         var sections = [boardSection]
         if let configuration = context.configuration {
             sections.append(context.checkI2C(configuration))
-            sections.append(context.checkLED(configuration))
+            sections.append(context.checkGPIO(configuration))
             if let serial = configuration.serial { sections.append(context.checkSerial(serial)) }
             if let mqtt = configuration.mqtt { sections.append(context.checkMQTT(mqtt)) }
         }
         sections.append(context.checkService())
+        sections.append(context.checkSystem())
         sections.append(context.checkBluetooth())
         sections.append(context.checkDaemon())
         return DoctorReport(boardSource: context.boardSource, sections: sections)
@@ -98,7 +100,7 @@ public enum Doctor {
 }
 
 /// State shared by the checks of one run.
-private struct Context {
+struct Context {
     let options: DoctorOptions
     var system: SystemInspector { options.system }
     var boardPath: String?
@@ -124,12 +126,8 @@ private struct Context {
     /// True when the board needs real hardware (a device bus or a GPIO LED).
     var isRealBoard: Bool {
         guard let configuration else { return boardPath != nil }
-        let deviceBus = configuration.buses.values.contains { bus in
-            if case .device = bus.kind { return true }
-            return false
-        }
         if case .gpio? = configuration.led { return true }
-        return deviceBus
+        return configuration.buses.values.contains { $0.kind != .emulated }
     }
 
     /// FAIL on a real board, WARN where the simulator can do without it.
@@ -175,6 +173,23 @@ private struct Context {
                 let (busFindings, handle) = checkBusDevice(name: name, path: path)
                 findings += busFindings
                 if let handle { opened[name] = handle } else { unavailable[name] = path }
+            case .adapter(let adapter):
+                do throws(LinuxI2CBus.OpenError) {
+                    let path = try LinuxI2CBus.devicePath(adapterNamed: adapter, sysfsDevices: system.path("/sys/bus/i2c/devices"))
+                    var (busFindings, handle) = checkBusDevice(name: name, path: path)
+                    if !busFindings.isEmpty { busFindings[0].detail = "adapter \"\(adapter)\": \(busFindings[0].detail)" }
+                    findings += busFindings
+                    if let handle { opened[name] = handle } else { unavailable[name] = path }
+                } catch {
+                    let fix: String
+                    if case .ambiguousAdapter = error {
+                        fix = "name the bus by its device instead (buses.\(name).device: /dev/i2c-N; `i2cdetect -l` lists which is which)"
+                    } else {
+                        fix = "set buses.\(name).adapter to one of the names listed (`i2cdetect -l` shows them)" + (raspberryPiI2CAdvice(name: name).map { "; \($0)" } ?? "")
+                    }
+                    findings.append(DoctorFinding(.fail, "bus \(name)", error.description, fix: fix))
+                    unavailable[name] = "adapter \"\(adapter)\""
+                }
             }
         }
         for chip in configuration.servo?.chips ?? [] {
@@ -243,10 +258,15 @@ private struct Context {
         return finding
     }
 
-    /// The N of /dev/i2c-N for i2cdetect, or the bus name.
+    /// The N of /dev/i2c-N for i2cdetect, or "N".
     private func busNumber(_ configuration: BoardConfiguration, _ bus: String) -> String {
-        guard case .device(let path)? = configuration.buses[bus]?.kind, let number = Self.adapterNumber(path) else { return "N" }
-        return number
+        let path: String?
+        switch configuration.buses[bus]?.kind {
+        case .device(let device)?: path = device
+        case .adapter(let adapter)?: path = try? LinuxI2CBus.devicePath(adapterNamed: adapter, sysfsDevices: system.path("/sys/bus/i2c/devices"))
+        case .emulated?, nil: path = nil
+        }
+        return path.flatMap(Self.adapterNumber) ?? "N"
     }
 
     static func adapterNumber(_ path: String) -> String? {
@@ -308,86 +328,23 @@ private struct Context {
         if let number, system.exists("/sys/bus/i2c/devices/i2c-\(number)") || system.exists("/sys/class/i2c-adapter/i2c-\(number)") {
             return "the adapter exists but udev made no \(path): `sudo udevadm trigger --subsystem-match=i2c-dev`"
         }
-        if system.raspberryPiModel() != nil {
-            let config = system.configTxtPath() ?? "/boot/firmware/config.txt"
-            if system.configTxtEnablesI2C(config) {
-                return "\(config) enables I2C: reboot if you just added it; otherwise set buses.\(name).device to a bus `i2cdetect -l` lists"
-            }
-            return "enable the header's I2C bus: add dtparam=i2c_arm=on to \(config) (or `sudo raspi-config nonint do_i2c 0`) and reboot"
-        }
-        return "enable the bus (Raspberry Pi: dtparam=i2c_arm=on in config.txt, then reboot) or set buses.\(name).device to a bus `i2cdetect -l` lists"
+        return raspberryPiI2CAdvice(name: name)
+            ?? "enable the bus (Raspberry Pi: dtparam=i2c_arm=on in config.txt, then reboot) or set buses.\(name).device to a bus `i2cdetect -l` lists"
     }
 
-    // MARK: LED
-
-    func checkLED(_ configuration: BoardConfiguration) -> DoctorSection {
-        var findings: [DoctorFinding] = []
-        switch configuration.led {
-        case nil:
-            findings.append(DoctorFinding(.ok, "LED", "none on this board"))
-        case .emulated?:
-            findings.append(DoctorFinding(.ok, "LED", "emulated: nothing to check"))
-        case .gpio(let chip, let line, let lineName, let activeLow)?:
-            let which = lineName ?? line.map { "line \($0)" } ?? "?"
-            let subject = "LED \(which)"
-            let chips = SystemInspector.gpioChips()
-            let chipPath = GPIODLine.chipPath(for: chip)
-            if chips.isEmpty {
-                findings.append(DoctorFinding(
-                    .fail, subject, "no GPIO chips in /dev",
-                    fix: "the kernel exposes no GPIO character devices (CONFIG_GPIO_CDEV); `ls /dev/gpiochip*` should list some"
-                ))
-                break
-            }
-            if let chipPath, let node = SystemInspector.node(at: chipPath), let account,
-               !node.readWritable(uid: account.uid, groups: serviceGroupIDs) {
-                findings.append(DoctorFinding(
-                    .fail, subject, "\(chipPath) (\(node.description)) is not readable and writable by user \(account.name)",
-                    fix: "install the udev rule (/usr/lib/udev/rules.d/99-blecontrol.rules), then `sudo udevadm trigger --subsystem-match=gpio`"
-                ))
-            }
-            do {
-                let gpio = try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow, consumer: "blecontrol-doctor")
-                let label = gpio.label
-                gpio.close()
-                findings.insert(DoctorFinding(.ok, subject, "\(label) present and free"), at: 0)
-            } catch let error as GPIODLine.OpenError {
-                findings.insert(ledFinding(subject, error, chips: chips), at: 0)
-            } catch {
-                findings.insert(DoctorFinding(.fail, subject, "\(error)", fix: "`gpioinfo` shows the lines and who holds them"), at: 0)
-            }
+    /// How a Raspberry Pi's header bus is enabled, nil on other machines.
+    /// The Pi 5's header bus is on its RP1 chip, where Raspberry Pi OS's
+    /// dtparam=i2c_arm=on enables it as on the other models; a kernel
+    /// without an RP1 driver has no header bus at all.
+    private func raspberryPiI2CAdvice(name: String) -> String? {
+        guard system.raspberryPiModel() != nil else { return nil }
+        if let missing = missingRP1Driver() { return missing }
+        let config = system.configTxtPath() ?? "/boot/firmware/config.txt"
+        let rp1 = system.isRaspberryPi5() ? " (on a Pi 5 that is the RP1 chip's i2c1)" : ""
+        if system.configTxtEnablesI2C(config) {
+            return "\(config) enables I2C\(rp1): reboot if you just added it; otherwise set buses.\(name).device to a bus `i2cdetect -l` lists"
         }
-        let version = GPIODLine.libraryVersion
-        let api = version.hasPrefix("1.") ? "1.x API" : "2.x API"
-        findings.append(DoctorFinding(.ok, "libgpiod", "\(version) (\(api))"))
-        return DoctorSection(title: "LED", findings: findings)
-    }
-
-    private func ledFinding(_ subject: String, _ error: GPIODLine.OpenError, chips: [String]) -> DoctorFinding {
-        switch error {
-        case .lineBusy(let chip, let offset, let holder):
-            if let holder, holder.hasPrefix("blecontrol") {
-                return DoctorFinding(.ok, subject, "\(chip) line \(offset) held by \(holder) (the daemon has it)")
-            }
-            return DoctorFinding(
-                .fail, subject, error.description,
-                fix: "stop what holds it (`gpioinfo` names the consumer) or drop the overlay that claims the pin (dtoverlay=gpio-led, w1-gpio, …), or pick another line in led.line_name"
-            )
-        case .permissionDenied:
-            return DoctorFinding(
-                .warn, subject, "\(currentUser) may not open the GPIO chip to check the line",
-                fix: "run `sudo blecontrol doctor`, or add yourself to group gpio"
-            )
-        case .noSuchLine:
-            return DoctorFinding(.fail, subject, error.description, fix: "set led.line_name to a name `gpioinfo` lists (GPIO17 is header pin 11 on a Raspberry Pi)")
-        case .noSuchChip, .notAChip:
-            let list = chips.map { String($0.split(separator: "/").last ?? "") }.joined(separator: ", ")
-            return DoctorFinding(.fail, subject, error.description, fix: "set led.chip to one of: \(list) (`gpiodetect` describes them)")
-        case .offsetOutOfRange:
-            return DoctorFinding(.fail, subject, error.description, fix: "use led.line_name instead of a number (`gpioinfo` lists the names)")
-        case .invalidArguments, .system:
-            return DoctorFinding(.fail, subject, error.description, fix: "`gpioinfo` shows the chip's lines and who holds them")
-        }
+        return "enable the header's I2C bus\(rp1): add dtparam=i2c_arm=on to \(config) (or `sudo raspi-config nonint do_i2c 0`) and reboot"
     }
 
     // MARK: Serial (an HM-10 on a UART)
@@ -634,7 +591,7 @@ private struct Context {
             if let other = others.first {
                 fix = "set ble.adapter: \(other) in the board file"
             } else if system.raspberryPiModel() != nil {
-                fix = "the built-in radio needs no dtoverlay=disable-bt in config.txt and a running hciuart.service (`systemctl status hciuart`); or plug in a USB adapter"
+                fix = onboardRadioFix()
             } else {
                 fix = "plug in a Bluetooth LE adapter; `bluetoothctl list` shows the adapters bluetoothd uses"
             }
@@ -642,6 +599,33 @@ private struct Context {
             findings.append(DoctorFinding(level, "adapter \(adapter)", "missing (\(present))", fix: fix))
         }
         return DoctorSection(title: "Bluetooth", findings: findings)
+    }
+
+    /// What brings up a Pi's onboard radio on this system: Raspberry Pi OS
+    /// attaches it from user space (hciuart.service); Debian's kernel, and
+    /// so this project's image, binds it itself through the device tree's
+    /// serdev node (hci_uart with btbcm), which loads the controller's patch
+    /// from bluez-firmware.
+    private func onboardRadioFix() -> String {
+        let config = system.configTxtPath() ?? "/boot/firmware/config.txt"
+        let settings = system.configTxtSettings(config)
+        var steps: [String] = []
+        if settings.contains(where: { $0.hasPrefix("dtoverlay=disable-bt") }) {
+            steps.append("remove dtoverlay=disable-bt from \(config) and reboot")
+        }
+        if system.hasHciuartService() {
+            steps.append("the built-in radio needs a running hciuart.service (`systemctl status hciuart`)")
+        } else {
+            steps.append("the kernel binds the built-in radio itself (serdev hci_uart and btbcm; there is no hciuart.service here): `dmesg | grep -i -e hci_uart -e bluetooth` says why it did not")
+            if system.isBLEControlImage(), !settings.contains("dtoverlay=blecontrol") {
+                steps.append("put the `dtoverlay=blecontrol` line back in \(config) (it comes from /etc/default/raspi-firmware-custom: `sudo update-initramfs -u` rewrites config.txt) and reboot")
+            }
+            let patches = ["/lib/firmware/brcm", "/usr/lib/firmware/brcm"].flatMap { system.list($0) }.filter { $0.hasSuffix(".hcd") }
+            if patches.isEmpty {
+                steps.append("install the controller's patch: `sudo apt install bluez-firmware` (/lib/firmware/brcm/*.hcd)")
+            }
+        }
+        return steps.joined(separator: "; ") + "; or plug in a USB adapter"
     }
 
     /// Whether a connecting iPhone gets a pairing pop-up nobody asked for:
@@ -666,7 +650,7 @@ private struct Context {
         if disabled.contains("battery") || disabled.contains("*") {
             return DoctorFinding(.ok, subject, "prevented: bluetoothd runs without its battery plugin (-P battery)")
         }
-        let settings = Self.iniSettings(system.read("/etc/bluetooth/main.conf") ?? "")
+        let settings = SystemInspector.iniSettings(system.read("/etc/bluetooth/main.conf") ?? "")
         if settings["General.ReverseServiceDiscovery"]?.lowercased() == "false" {
             return DoctorFinding(.ok, subject, "prevented: main.conf ReverseServiceDiscovery = false")
         }
@@ -679,24 +663,6 @@ private struct Context {
             fix: "the package's drop-in for bluetooth.service leaves the battery plugin out: "
                 + "/usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf, then `sudo systemctl daemon-reload && sudo systemctl restart bluetooth`"
         )
-    }
-
-    /// `Section.Key` → value of an INI file such as bluetoothd's main.conf
-    /// (comments and blank lines skipped).
-    static func iniSettings(_ text: String) -> [String: String] {
-        var section = ""
-        var settings: [String: String] = [:]
-        for raw in text.split(separator: "\n") {
-            let line = String(raw).trimmed
-            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
-            if line.hasPrefix("["), line.hasSuffix("]") {
-                section = String(line.dropFirst().dropLast()).trimmed
-            } else if let equals = line.firstIndex(of: "=") {
-                let key = String(line[..<equals]).trimmed
-                settings["\(section).\(key)"] = String(line[line.index(after: equals)...]).trimmed
-            }
-        }
-        return settings
     }
 
     /// Asks bluetoothd itself (org.bluez Adapter1.Powered over the system
@@ -834,16 +800,5 @@ private struct Context {
             findings.append(DoctorFinding(.warn, "LED", error, fix: "see the LED checks above"))
         }
         return DoctorSection(title: "Daemon", findings: findings)
-    }
-}
-
-extension SystemInspector {
-    /// The GPIO chip nodes in /dev, in numeric order.
-    public static func gpioChips() -> [String] {
-        let entries = Files.list("/dev")
-        return entries.compactMap { entry -> (Int, String)? in
-            guard entry.hasPrefix("gpiochip"), let number = Int(entry.dropFirst(8)) else { return nil }
-            return (number, "/dev/\(entry)")
-        }.sorted { $0.0 < $1.0 }.map(\.1)
     }
 }

@@ -1,18 +1,23 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import LinuxHardware
 import Reactor
 
 /// Read-only facts about the machine for `blecontrol doctor`: processes,
-/// sysfs, users and device nodes. Kernel trees (`/proc`, `/sys`, `/boot`) are
-/// looked up under ``root``, so tests can hand it a made-up machine; users
-/// and groups come from the name service, device nodes from their real paths.
+/// sysfs, users and device nodes. Kernel trees (`/proc`, `/sys`, `/boot`) and
+/// configuration files are looked up under ``root``, and GPIO chips through
+/// ``gpio``, so tests can hand it a made-up machine; users and groups come
+/// from the name service, device nodes from their real paths.
 public struct SystemInspector: Sendable {
-    /// Where `/proc`, `/sys` and `/boot` are looked up ("/" normally).
+    /// Where `/proc`, `/sys`, `/boot` and `/etc` are looked up ("/" normally).
     public var root: String
+    /// The GPIO chips and their lines (libgpiod on /dev normally).
+    public var gpio: any GPIOChipCatalog
 
-    public init(root: String = "/") {
+    public init(root: String = "/", gpio: any GPIOChipCatalog = SystemGPIOChips()) {
         self.root = root
+        self.gpio = gpio
     }
 
     /// `path` (absolute) under ``root``.
@@ -111,6 +116,242 @@ public struct SystemInspector: Sendable {
                 ["i2c_arm=on", "i2c=on", "i2c1=on", "i2c_arm", "i2c"].contains(String(parameter))
             }
         }
+    }
+
+    /// The Pi's kernel command line file, next to config.txt.
+    public func cmdlineTxtPath() -> String? {
+        ["/boot/firmware/cmdline.txt", "/boot/cmdline.txt"].first { exists($0) }
+    }
+
+    /// Whether this is a Raspberry Pi 5: its header's GPIO and I2C are on
+    /// the RP1 chip, not on the SoC as on the Pi 3 and 4.
+    public func isRaspberryPi5() -> Bool {
+        raspberryPiModel()?.contains("Raspberry Pi 5") == true
+    }
+
+    /// Whether Raspberry Pi OS's Bluetooth service is installed: there the
+    /// onboard radio is attached from user space by hciuart.service
+    /// (btuart); elsewhere (Debian's kernel, this project's image) the
+    /// kernel binds it itself (serdev hci_uart with btbcm).
+    public func hasHciuartService() -> Bool {
+        ["/lib/systemd/system/hciuart.service", "/usr/lib/systemd/system/hciuart.service"].contains { exists($0) }
+    }
+
+    /// The running kernel's release (`6.12.22+rpt-rpi-v8`, `6.12.38+deb13-arm64`).
+    public func kernelRelease() -> String? {
+        read("/proc/sys/kernel/osrelease")
+    }
+
+    // MARK: The appliance image
+
+    /// The directory only this project's SD-card image has (its first-boot
+    /// script lives there).
+    public static let imageMarker = "/usr/lib/blecontrol-image"
+
+    /// Whether this machine runs this project's SD-card image.
+    public func isBLEControlImage() -> Bool {
+        exists(Self.imageMarker)
+    }
+
+    // MARK: Watchdog
+
+    /// A hardware watchdog as sysfs describes it (`/sys/class/watchdog/NAME`;
+    /// the attributes need CONFIG_WATCHDOG_SYSFS, and every one of them may
+    /// be read by any user).
+    public struct Watchdog: Sendable, Equatable {
+        /// `watchdog0`.
+        public var name: String
+        /// The driver's name for it: "Broadcom BCM2835 Watchdog timer".
+        public var identity: String?
+        /// "active" while someone (systemd) has it open and keeps it fed.
+        public var state: String?
+        /// The timeout now set, in seconds.
+        public var timeout: Int?
+        /// The longest timeout the device takes, in seconds (15 on bcm2835-wdt).
+        public var maxTimeout: Int?
+    }
+
+    /// The watchdog `name` (`watchdog0`), nil when there is none.
+    public func watchdog(_ name: String) -> Watchdog? {
+        let directory = "/sys/class/watchdog/\(name)"
+        guard exists(directory) else { return nil }
+        return Watchdog(
+            name: name,
+            identity: read("\(directory)/identity"),
+            state: read("\(directory)/state"),
+            timeout: read("\(directory)/timeout").flatMap { Int($0) },
+            maxTimeout: read("\(directory)/max_timeout").flatMap { Int($0) }
+        )
+    }
+
+    // MARK: systemd units
+
+    /// Whether a unit starts at boot, from the files `systemctl is-enabled`
+    /// reads (no systemd needed, so it works under ``root``).
+    public enum UnitState: Sendable, Equatable {
+        /// No unit file in any unit directory.
+        case notInstalled
+        /// Its unit file in /etc or /run is a link to /dev/null.
+        case masked(String)
+        /// Installed, with no link in the `.wants` directory of a target
+        /// its `[Install]` section names.
+        case disabled
+        /// A link at this path pulls it in.
+        case enabled(link: String)
+    }
+
+    /// The unit directories, most important first (systemd.unit(5)).
+    static let unitDirectories = ["/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system"]
+
+    /// The state of `unit` (`blecontrol-safe-outputs.service`); a unit
+    /// without `WantedBy=` is looked for under `defaultTarget`.
+    public func unitState(_ unit: String, defaultTarget: String) -> UnitState {
+        guard let file = Self.unitDirectories.map({ "\($0)/\(unit)" }).first(where: exists) else { return .notInstalled }
+        if file.hasPrefix("/etc/") || file.hasPrefix("/run/"), Doctor.linkTarget(path(file)) == "/dev/null" {
+            return .masked(file)
+        }
+        let install = Self.iniSettings(read(file) ?? "")
+        let targets = (install["Install.WantedBy"] ?? install["Install.RequiredBy"])?.split(separator: " ").map(String.init) ?? [defaultTarget]
+        for target in targets {
+            for directory in Self.unitDirectories {
+                let link = "\(directory)/\(target).wants/\(unit)"
+                if exists(link) { return .enabled(link: link) }
+            }
+        }
+        return .disabled
+    }
+
+    // MARK: File systems
+
+    /// One line of /proc/self/mountinfo (proc(5)).
+    public struct Mount: Sendable, Equatable {
+        /// The device's `major:minor`.
+        public var device: String
+        /// Where it is mounted (`/`, `/boot/firmware`).
+        public var mountPoint: String
+        /// The file system type (`ext4`, `vfat`).
+        public var type: String
+        /// `/dev/mmcblk0p2` (or `/dev/root` for a root the kernel mounted).
+        public var source: String
+        /// The mount's own options (`rw,relatime`).
+        public var options: [String]
+        /// The file system's (`ro,errors=remount-ro`): where the kernel
+        /// records a read-only remount after errors, while the mount's own
+        /// options still say `rw`.
+        public var superOptions: [String]
+
+        /// Read-only, by the mount or by the file system under it.
+        public var isReadOnly: Bool { options.contains("ro") || superOptions.contains("ro") }
+    }
+
+    /// The mounts this process sees, in mount order.
+    public func mounts() -> [Mount] {
+        (read("/proc/self/mountinfo") ?? "").split(separator: "\n").compactMap { line in
+            let fields = line.split(separator: " ").map { Self.unescapeMountField(String($0)) }
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - TYPE SOURCE SUPEROPTIONS
+            guard fields.count >= 10, let dash = fields.firstIndex(of: "-"), dash >= 6, dash + 3 < fields.count else { return nil }
+            return Mount(
+                device: fields[2], mountPoint: fields[4], type: fields[dash + 1], source: fields[dash + 2],
+                options: fields[5].split(separator: ",").map(String.init),
+                superOptions: fields[dash + 3].split(separator: ",").map(String.init)
+            )
+        }
+    }
+
+    /// One line of /etc/fstab (fstab(5)).
+    public struct FstabEntry: Sendable, Equatable {
+        /// What is mounted: `LABEL=RASPIROOT`, `PARTUUID=…`, `/dev/…`.
+        public var source: String
+        /// Where it goes (`/`, `/boot/firmware`).
+        public var mountPoint: String
+        /// The file system type (`ext4`, `vfat`).
+        public var type: String
+        /// The mount options (`rw`, `errors=remount-ro`, `noauto`).
+        public var options: [String]
+        /// fsck's pass: 0 is never checked at boot.
+        public var pass: Int
+    }
+
+    /// The entries of /etc/fstab, comments left out.
+    public func fstab() -> [FstabEntry] {
+        (read("/etc/fstab") ?? "").split(separator: "\n").compactMap { line in
+            let text = String(line).trimmed
+            guard !text.isEmpty, !text.hasPrefix("#") else { return nil }
+            let fields = text.split(whereSeparator: { $0 == " " || $0 == "\t" }).map { Self.unescapeMountField(String($0)) }
+            guard fields.count >= 4 else { return nil }
+            return FstabEntry(
+                source: fields[0], mountPoint: fields[1], type: fields[2],
+                options: fields[3].split(separator: ",").map(String.init),
+                pass: fields.count >= 6 ? Int(fields[5]) ?? 0 : 0
+            )
+        }
+    }
+
+    /// `\040` and the other octal escapes mountinfo and fstab use for
+    /// spaces, tabs and backslashes.
+    static func unescapeMountField(_ field: String) -> String {
+        guard field.contains("\\") else { return field }
+        var bytes: [UInt8] = []
+        let utf8 = Array(field.utf8)
+        var index = 0
+        while index < utf8.count {
+            if utf8[index] == UInt8(ascii: "\\"), index + 3 < utf8.count,
+               let value = UInt8(String(decoding: utf8[(index + 1)...(index + 3)], as: UTF8.self), radix: 8) {
+                bytes.append(value)
+                index += 4
+            } else {
+                bytes.append(utf8[index])
+                index += 1
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// A mounted ext4 file system and the errors it has recorded.
+    public struct Ext4Errors: Sendable, Equatable {
+        /// The block device's name (`mmcblk0p2`).
+        public var device: String
+        /// Errors since the file system was last checked (the superblock's
+        /// s_error_count, which e2fsck clears).
+        public var count: Int
+        /// Where it is mounted, if found.
+        public var mountPoint: String?
+    }
+
+    /// Every mounted ext4 file system (`/sys/fs/ext4/DEVICE`) with its error count.
+    public func ext4Errors() -> [Ext4Errors] {
+        let mounts = mounts()
+        return list("/sys/fs/ext4").compactMap { device in
+            guard let count = read("/sys/fs/ext4/\(device)/errors_count").flatMap({ Int($0) }) else { return nil }
+            // By device number: a root the kernel mounted is "/dev/root" in mountinfo.
+            let number = read("/sys/class/block/\(device)/dev")
+            let mount = mounts.last { $0.device == number || $0.source == "/dev/\(device)" }
+            return Ext4Errors(device: device, count: count, mountPoint: mount?.mountPoint)
+        }
+    }
+
+    /// Bytes the files under `directory` occupy on disk (what `du` and
+    /// `journalctl --disk-usage` count); 0 when it is missing.
+    public func diskUsage(_ directory: String) -> UInt64 {
+        var total: UInt64 = 0
+        var pending = [path(directory)]
+        while let current = pending.popLast() {
+            for entry in Files.list(current) {
+                let child = current + "/" + entry
+                var info = stat()
+                guard lstat(child, &info) == 0 else { continue }
+                total += UInt64(max(info.st_blocks, 0)) * 512
+                if info.st_mode & S_IFMT == S_IFDIR { pending.append(child) }
+            }
+        }
+        return total
+    }
+
+    /// The size in bytes of the file system holding `path`, nil if unknown.
+    public func fileSystemSize(_ absolutePath: String) -> UInt64? {
+        var info = statvfs()
+        guard statvfs(path(absolutePath), &info) == 0 else { return nil }
+        return UInt64(info.f_blocks) * UInt64(info.f_frsize)
     }
 
     // MARK: Users and device nodes

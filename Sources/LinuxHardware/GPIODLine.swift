@@ -27,6 +27,13 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
         case notAChip(path: String, errno: Int32)
         /// No chip searched has a line of this name (`chips` lists those searched).
         case noSuchLine(name: String, chips: [String])
+        /// No chip has this label (`chips`: each chip as "gpiochip0 [label]").
+        case noSuchChipLabel(label: String, chips: [String])
+        /// Several chips have a line of this name, so it does not say which
+        /// is meant: a chip must be named.
+        case ambiguousLine(name: String, chips: [String])
+        /// Several chips have this label.
+        case ambiguousChipLabel(label: String, chips: [String])
         /// The chip has fewer lines.
         case offsetOutOfRange(chip: String, offset: Int, lineCount: Int)
         /// Another consumer (a process, or a kernel driver) holds the line.
@@ -49,6 +56,13 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
                     return "GPIO line \"\(name)\" not found: there are no GPIO chips in /dev"
                 }
                 return "GPIO line \"\(name)\" not found on \(chips.joined(separator: ", ")) (gpioinfo lists line names)"
+            case .noSuchChipLabel(let label, let chips):
+                if chips.isEmpty { return "no GPIO chip labelled \"\(label)\": there are no GPIO chips in /dev" }
+                return "no GPIO chip labelled \"\(label)\" (chips: \(chips.joined(separator: ", ")))"
+            case .ambiguousLine(let name, let chips):
+                return "GPIO line \"\(name)\" is on more than one chip (\(chips.joined(separator: ", "))): name the chip"
+            case .ambiguousChipLabel(let label, let chips):
+                return "more than one GPIO chip is labelled \"\(label)\" (\(chips.joined(separator: ", "))): name the chip by its device, e.g. \(chips.first ?? "gpiochip0")"
             case .offsetOutOfRange(let chip, let offset, let lineCount):
                 return "GPIO chip \(chip) has no line \(offset): it has \(lineCount) lines (0…\(max(lineCount - 1, 0)))"
             case .lineBusy(let chip, let offset, let holder):
@@ -82,51 +96,31 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
     /// Requests a line as an output, initially inactive.
     ///
     /// - Parameters:
-    ///   - chip: `"gpiochip0"`, `"/dev/gpiochip0"` or `"0"`; with an empty
-    ///     string the line is looked up by `lineName` on every chip.
+    ///   - chip: the chip, however ``ChipName`` reads it: `"gpiochip0"`,
+    ///     `"/dev/gpiochip0"`, `"0"`, or its label (`"pinctrl-rp1"`); with
+    ///     an empty string the line is looked up by `lineName` on every chip.
     ///   - offset: the line's offset on `chip`; ignored when `lineName` is given.
     ///   - lineName: the line's name (stable across boards and kernels, e.g.
     ///     `"GPIO17"` on a Raspberry Pi, where chip numbers moved on the Pi 5).
     ///   - activeLow: active drives the pin low (an LED wired to 3V3).
+    ///   - chips: where chips and names are looked up (the machine's own).
     /// - Throws: ``OpenError``.
-    public init(chip: String, offset: Int?, lineName: String?, activeLow: Bool, consumer: String = "blecontrold") throws {
+    public init(
+        chip: String, offset: Int?, lineName: String?, activeLow: Bool, consumer: String = "blecontrold",
+        chips: any GPIOChipCatalog = SystemGPIOChips()
+    ) throws {
         self.activeLow = activeLow
         self.consumer = consumer
         self.lineName = lineName
-        let chipPath = Self.chipPath(for: chip)
+        if lineName?.isEmpty == true { throw OpenError.invalidArguments("empty line name") }
+        let chipPath = try Self.locate(chip: chip, lineName: lineName, in: chips)
 
         if let lineName {
-            guard !lineName.isEmpty else { throw OpenError.invalidArguments("empty line name") }
-            if let chipPath {
-                let (handle, offset) = try Self.open(chipPath: chipPath, offset: 0, name: lineName, consumer: consumer, activeLow: activeLow)
-                self.handle = handle
-                self.chipPath = chipPath
-                self.offset = offset
-                return
-            }
-            // No chip given: the first chip with a line of that name.
-            let chips = Self.chipPaths(in: "/dev")
-            var denied: String?
-            for candidate in chips {
-                do {
-                    let (handle, offset) = try Self.open(chipPath: candidate, offset: 0, name: lineName, consumer: consumer, activeLow: activeLow)
-                    self.handle = handle
-                    self.chipPath = candidate
-                    self.offset = offset
-                    return
-                } catch OpenError.noSuchLine, OpenError.notAChip {
-                    continue
-                } catch OpenError.permissionDenied(let path) {
-                    denied = denied ?? path
-                    continue
-                }
-            }
-            if let denied { throw OpenError.permissionDenied(path: denied) }
-            throw OpenError.noSuchLine(name: lineName, chips: chips)
-        }
-
-        guard let chipPath else {
-            throw OpenError.invalidArguments("a line needs a name, or a chip and an offset")
+            let (handle, offset) = try Self.open(chipPath: chipPath, offset: 0, name: lineName, consumer: consumer, activeLow: activeLow)
+            self.handle = handle
+            self.chipPath = chipPath
+            self.offset = offset
+            return
         }
         guard let offset else {
             throw OpenError.invalidArguments("no offset or line name given for chip \(chipPath)")
@@ -181,13 +175,89 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
 
     // MARK: Helpers
 
-    /// The device node for a chip argument, or `nil` for "search all chips".
-    public static func chipPath(for chip: String) -> String? {
-        let chip = chip.trimmed
-        if chip.isEmpty { return nil }
-        if chip.hasPrefix("/") { return chip }
-        if chip.allSatisfy(\.isNumber) { return "/dev/gpiochip\(chip)" }
-        return "/dev/\(chip)"
+    /// What a board file's `chip:` names.
+    public enum ChipName: Sendable, Equatable {
+        /// Nothing: the line is looked up by name on every chip.
+        case any
+        /// A device node: `/dev/gpiochip0`, also written `gpiochip0` or `0`.
+        case path(String)
+        /// A chip label (`pinctrl-rp1`): numbers change between kernels and
+        /// models, labels do not.
+        case label(String)
+
+        public init(_ chip: String) {
+            let chip = chip.trimmed
+            if chip.isEmpty {
+                self = .any
+            } else if chip.hasPrefix("/") {
+                self = .path(chip)
+            } else if chip.allSatisfy(\.isNumber) {
+                self = .path("/dev/gpiochip\(chip)")
+            } else if chip.hasPrefix("gpiochip"), !chip.dropFirst(8).isEmpty, chip.dropFirst(8).allSatisfy(\.isNumber) {
+                self = .path("/dev/\(chip)")
+            } else {
+                self = .label(chip)
+            }
+        }
+    }
+
+    /// The device node of the chip that `chip` and `lineName` designate:
+    /// the chip named by path or label, or, with no chip, the one chip that
+    /// has a line called `lineName`. A name found on two chips, or a label
+    /// two chips share, is an error naming both: the first one found could
+    /// be the wrong pin. Chips this user may not open are passed over; when
+    /// that leaves nothing, the error is theirs.
+    /// - Throws: ``OpenError``.
+    public static func locate(chip: String, lineName: String?, in chips: any GPIOChipCatalog) throws(OpenError) -> String {
+        switch ChipName(chip) {
+        case .path(let path):
+            return path
+        case .label(let label):
+            var matches: [String] = []
+            var present: [String] = []
+            var denied: String?
+            for path in chips.chipPaths() {
+                do throws(OpenError) {
+                    let found = try chips.label(of: path)
+                    present.append(describe(path, label: found))
+                    if found == label { matches.append(path) }
+                } catch .permissionDenied {
+                    denied = denied ?? path
+                } catch {
+                    continue
+                }
+            }
+            if matches.count > 1 { throw .ambiguousChipLabel(label: label, chips: matches.map { describe($0, label: label) }) }
+            if let match = matches.first { return match }
+            if let denied { throw .permissionDenied(path: denied) }
+            throw .noSuchChipLabel(label: label, chips: present)
+        case .any:
+            guard let lineName else { throw .invalidArguments("a line needs a name, or a chip and an offset") }
+            let paths = chips.chipPaths()
+            var matches: [String] = []
+            var denied: String?
+            for path in paths {
+                do throws(OpenError) {
+                    if try chips.offset(of: lineName, on: path) != nil { matches.append(path) }
+                } catch .permissionDenied {
+                    denied = denied ?? path
+                } catch {
+                    continue
+                }
+            }
+            if matches.count > 1 {
+                throw .ambiguousLine(name: lineName, chips: matches.map { path in describe(path, label: try? chips.label(of: path)) })
+            }
+            if let match = matches.first { return match }
+            if let denied { throw .permissionDenied(path: denied) }
+            throw .noSuchLine(name: lineName, chips: paths)
+        }
+    }
+
+    /// "gpiochip4 [pinctrl-rp1]", as gpiodetect prints a chip.
+    public static func describe(_ path: String, label: String?) -> String {
+        let name = path.hasPrefix("/dev/") ? String(path.dropFirst(5)) : path
+        return label.map { "\(name) [\($0)]" } ?? name
     }
 
     /// The `gpiochipN` nodes in `directory`, in numeric order.
@@ -197,6 +267,16 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
             guard entry.hasPrefix("gpiochip"), let number = Int(entry.dropFirst(8)) else { return nil }
             return (number, "\(directory)/\(entry)")
         }.sorted { $0.0 < $1.0 }.map(\.1)
+    }
+
+    /// The error for a failed open of the chip itself, from its errno.
+    static func chipError(_ code: Int32, chipPath: String) -> OpenError {
+        switch code {
+        case ENOENT: return .noSuchChip(path: chipPath)
+        case EACCES, EPERM: return .permissionDenied(path: chipPath)
+        case ENOTTY, ENODEV, EINVAL: return .notAChip(path: chipPath, errno: code)
+        default: return .system(chip: chipPath, step: "opening the chip", errno: code)
+        }
     }
 
     private static func open(
@@ -225,12 +305,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
         let code = result.error
         switch result.stage {
         case BLC_GPIO_STAGE_CHIP:
-            switch code {
-            case ENOENT: return .noSuchChip(path: chipPath)
-            case EACCES, EPERM: return .permissionDenied(path: chipPath)
-            case ENOTTY, ENODEV, EINVAL: return .notAChip(path: chipPath, errno: code)
-            default: return .system(chip: chipPath, step: "opening the chip", errno: code)
-            }
+            return chipError(code, chipPath: chipPath)
         case BLC_GPIO_STAGE_LINE:
             if let name, code == ENOENT { return .noSuchLine(name: name, chips: [chipPath]) }
             if name == nil, code == EINVAL {
@@ -261,5 +336,44 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
         guard result == 0 else { return nil }
         let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
         return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// The GPIO chips of a machine, as much of them as finding a line needs.
+/// ``SystemGPIOChips`` is the machine's own; tests hand in made-up ones.
+public protocol GPIOChipCatalog: Sendable {
+    /// The chips' device nodes (`/dev/gpiochip0`, …), in numeric order.
+    func chipPaths() -> [String]
+    /// The chip's label, e.g. `pinctrl-bcm2711` or `pinctrl-rp1`.
+    func label(of chip: String) throws(GPIODLine.OpenError) -> String
+    /// The offset of the line called `name` on `chip`; nil when it has none.
+    func offset(of name: String, on chip: String) throws(GPIODLine.OpenError) -> Int?
+}
+
+/// The chips in /dev, read through libgpiod.
+public struct SystemGPIOChips: GPIOChipCatalog {
+    /// Where the `gpiochipN` nodes are.
+    public var directory: String
+
+    public init(directory: String = "/dev") {
+        self.directory = directory
+    }
+
+    public func chipPaths() -> [String] {
+        GPIODLine.chipPaths(in: directory)
+    }
+
+    public func label(of chip: String) throws(GPIODLine.OpenError) -> String {
+        var buffer = [CChar](repeating: 0, count: 64)
+        let result = buffer.withUnsafeMutableBufferPointer { blc_gpio_chip_label(chip, $0.baseAddress!, $0.count) }
+        if result < 0 { throw GPIODLine.chipError(-result, chipPath: chip) }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    public func offset(of name: String, on chip: String) throws(GPIODLine.OpenError) -> Int? {
+        var offset: UInt32 = 0
+        let result = blc_gpio_chip_find_line(chip, name, &offset)
+        if result < 0 { throw GPIODLine.chipError(-result, chipPath: chip) }
+        return result == 0 ? Int(offset) : nil
     }
 }

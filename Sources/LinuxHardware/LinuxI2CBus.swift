@@ -34,6 +34,11 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
         case notAnAdapter(path: String, errno: Int32)
         /// Anything else from `open(2)`.
         case system(path: String, errno: Int32)
+        /// No adapter has this name (`present`: each adapter there is, as
+        /// `i2c-1 "bcm2835 (i2c@7e804000)"`).
+        case noSuchAdapter(name: String, present: [String])
+        /// Several adapters have this name (`matches`: their `i2c-N`).
+        case ambiguousAdapter(name: String, matches: [String])
 
         public var description: String {
             switch self {
@@ -49,6 +54,11 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
                 return "\(path) is not an i2c-dev adapter (I2C_FUNCS: \(errnoDescription(errno)))"
             case .system(let path, let errno):
                 return "cannot open I2C adapter \(path): \(errnoDescription(errno))"
+            case .noSuchAdapter(let name, let present):
+                let here = present.isEmpty ? "there are no I2C adapters (is the bus enabled?)" : "adapters: \(present.joined(separator: ", "))"
+                return "no I2C adapter is named \"\(name)\"; \(here)"
+            case .ambiguousAdapter(let name, let matches):
+                return "more than one I2C adapter is named \"\(name)\" (\(matches.joined(separator: ", "))): name the bus by its device instead"
             }
         }
     }
@@ -341,24 +351,42 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
 
     /// The i2c-dev node of the adapter whose sysfs `name` is `name` (e.g.
     /// "SMBus stub driver" for i2c-stub), or `nil`. Bus numbers depend on
-    /// probe order; names do not.
+    /// probe order; names do not. The first of several with that name.
     public static func findAdapter(named name: String) -> String? {
         findAdapter(named: name, sysfsDevices: "/sys/bus/i2c/devices", deviceDirectory: "/dev")
     }
 
     static func findAdapter(named name: String, sysfsDevices: String, deviceDirectory: String) -> String? {
-        let entries = Files.list(sysfsDevices)
-        let adapters = entries.compactMap { entry -> (Int, String)? in
-            guard entry.hasPrefix("i2c-"), let number = Int(entry.dropFirst(4)) else { return nil }
-            return (number, entry)
-        }.sorted { $0.0 < $1.0 }
-        for (_, entry) in adapters {
-            guard let text = Files.text("\(sysfsDevices)/\(entry)/name", limit: 4096) else { continue }
-            if text.trimmed == name {
-                return "\(deviceDirectory)/\(entry)"
-            }
+        adapters(sysfsDevices: sysfsDevices).first { $0.name == name }.map { "\(deviceDirectory)/i2c-\($0.number)" }
+    }
+
+    /// The adapters the kernel knows, by number, with their names
+    /// (`/sys/bus/i2c/devices/i2c-N/name`: "bcm2835 (i2c@7e804000)" for a
+    /// Raspberry Pi's header bus), in numeric order.
+    public static func adapters(sysfsDevices: String = "/sys/bus/i2c/devices") -> [(number: Int, name: String)] {
+        Files.list(sysfsDevices).compactMap { entry -> (number: Int, name: String)? in
+            // i2c-N are adapters; N-00AA entries are the devices on them.
+            guard entry.hasPrefix("i2c-"), let number = Int(entry.dropFirst(4)),
+                  let name = Files.text("\(sysfsDevices)/\(entry)/name", limit: 4096) else { return nil }
+            return (number, name.trimmed)
+        }.sorted { $0.number < $1.number }
+    }
+
+    /// The i2c-dev node of the one adapter named `name`: a bus given by
+    /// name stays the same bus when the kernel numbers its adapters another
+    /// way. Looked up when the bus is opened, so the adapter may come and go.
+    /// - Throws: ``OpenError/noSuchAdapter(name:present:)`` listing the
+    ///   adapters there are, ``OpenError/ambiguousAdapter(name:matches:)``.
+    public static func devicePath(
+        adapterNamed name: String, sysfsDevices: String = "/sys/bus/i2c/devices", deviceDirectory: String = "/dev"
+    ) throws(OpenError) -> String {
+        let all = adapters(sysfsDevices: sysfsDevices)
+        let matches = all.filter { $0.name == name }
+        if matches.count > 1 { throw .ambiguousAdapter(name: name, matches: matches.map { "i2c-\($0.number)" }) }
+        guard let match = matches.first else {
+            throw .noSuchAdapter(name: name, present: all.map { "i2c-\($0.number) \"\($0.name)\"" })
         }
-        return nil
+        return "\(deviceDirectory)/i2c-\(match.number)"
     }
 
     static func describe(_ messages: [I2CMessage]) -> String {

@@ -126,6 +126,35 @@ struct BoardFileTests {
         #expect(problems(minimal + "\nservo:\n  chips: []\n  channels: []\n").contains { $0.field == "servo.chips" })
     }
 
+    @Test("servo.output_enable: the OE line by name (active low unless said), emulated, or by chip and offset; a line used twice is named")
+    func outputEnable() throws {
+        let servo = minimal + """
+
+        servo:
+          address: 0x40
+          output_enable: %@
+          channels:
+            - { channel: 0, output: 0 }
+        """
+        func parsed(_ line: String) throws -> LEDConfiguration? {
+            try BoardFile.parse(servo.replacingOccurrences(of: "%@", with: line), path: "t.yaml").servo?.outputEnable
+        }
+        #expect(try parsed("{ line_name: GPIO4 }") == .gpio(chip: "", line: nil, lineName: "GPIO4", activeLow: true))
+        #expect(try parsed("{ chip: gpiochip0, line: 4, active_low: false }") == .gpio(chip: "gpiochip0", line: 4, lineName: nil, activeLow: false))
+        #expect(try parsed("{ emulated: true }") == .emulated)
+        #expect(try BoardFile.parse(minimal + "\nservo:\n  address: 0x40\n  channels:\n    - { channel: 0, output: 0 }\n", path: "t.yaml").servo?.outputEnable == nil)
+
+        let clash = problems(servo.replacingOccurrences(of: "%@", with: "{ line_name: GPIO4 }") + """
+
+        led: { line_name: GPIO4 }
+        switches:
+          - { switch: 0, line_name: GPIO4 }
+        """)
+        #expect(clash.map(\.field) == ["led", "switches[0]"], "\(clash)")
+        #expect(clash.allSatisfy { $0.message.contains("servo.output_enable's line") })
+        #expect(problems(servo.replacingOccurrences(of: "%@", with: "{ line: 4, line_name: GPIO4 }")).map(\.field) == ["servo.output_enable"])
+    }
+
     @Test("transports.serial: the HM-10's device, baud, AT set-up and name; bad values named with their line")
     func serialTransport() throws {
         let board = try BoardFile.parse(minimal + """
@@ -196,12 +225,61 @@ struct BoardFileTests {
     func raspberryPiBoard() throws {
         let board = try BoardFile.load(path: repositoryRoot.appendingPathComponent("board/raspberry-pi.yaml").path)
         #expect(board.buses["i2c1"]?.kind == .device(path: "/dev/i2c-1"))
-        #expect(board.led == .gpio(chip: "gpiochip0", line: nil, lineName: "GPIO17", activeLow: false))
+        // No chip: the line is found by name on whichever chip has it.
+        #expect(board.led == .gpio(chip: "", line: nil, lineName: "GPIO17", activeLow: false))
         let servo = try #require(board.servo)
         #expect(servo.channels.map(\.role) == [.servo, .servo, .servo, .servo, .pwm, .pwm, .pwm, .pwm])
-        #expect(board.switches.map(\.output) == (22...25).map { .gpio(chip: "gpiochip0", line: nil, lineName: "GPIO\($0)", activeLow: false) })
+        #expect(board.switches.map(\.output) == (22...25).map { .gpio(chip: "", line: nil, lineName: "GPIO\($0)", activeLow: false) })
         #expect(board.tcp == nil)
         #expect(board.controlSocketPath == "/run/blecontrol/control.sock")
+    }
+
+    @Test("GPIO lines: a chip by device or label, none with a line name (every chip searched), gpiochip0 for an offset")
+    func gpioChips() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        led: { chip: pinctrl-rp1, line_name: GPIO17 }
+        switches:
+          - { switch: 0, line_name: GPIO22 }
+          - { switch: 1, line: 23 }
+          - { switch: 2, chip: /dev/gpiochip4, line_name: GPIO24 }
+        """, path: "t.yaml")
+        #expect(board.led == .gpio(chip: "pinctrl-rp1", line: nil, lineName: "GPIO17", activeLow: false))
+        #expect(board.switches.map(\.output) == [
+            .gpio(chip: "", line: nil, lineName: "GPIO22", activeLow: false),
+            .gpio(chip: "gpiochip0", line: 23, lineName: nil, activeLow: false),
+            .gpio(chip: "/dev/gpiochip4", line: nil, lineName: "GPIO24", activeLow: false),
+        ])
+        #expect(board.switches[0].output.description == "GPIO22")
+        // The same name with no chip twice is the same line.
+        let clash = problems(minimal + "\nled: { line_name: GPIO17 }\nswitches:\n  - { switch: 0, line_name: GPIO17 }\n")
+        #expect(clash.contains { $0.field == "switches[0]" && $0.message == "GPIO17 is the status LED's line" }, "\(clash)")
+    }
+
+    @Test("I2C buses: a device, an adapter by name, or emulated; exactly one")
+    func busKinds() throws {
+        let board = try BoardFile.parse("""
+        name: t
+        buses:
+          header: { adapter: "bcm2835 (i2c@7e804000)", max_write_bytes: 32 }
+          usb: { device: /dev/i2c-7 }
+          sim: { emulated: true }
+        """, path: "t.yaml")
+        #expect(board.buses["header"] == BusConfiguration(kind: .adapter(name: "bcm2835 (i2c@7e804000)"), maxWriteLength: 32))
+        #expect(board.buses["usb"]?.kind == .device(path: "/dev/i2c-7"))
+        #expect(board.buses["sim"]?.kind == .emulated)
+        let bad = problems("""
+        name: t
+        buses:
+          a: { adapter: "x", device: /dev/i2c-1 }
+          b: { adapter: "x", byte_time_us: 90 }
+          c: { adapter: "" }
+          d: {}
+        """)
+        #expect(bad.contains { $0.field == "buses.a" && $0.message.contains("not device and adapter") }, "\(bad)")
+        #expect(bad.contains { $0.field == "buses.b.byte_time_us" }, "\(bad)")
+        #expect(bad.contains { $0.field == "buses.c.adapter" }, "\(bad)")
+        #expect(bad.contains { $0.field == "buses.d" && $0.message.contains("adapter: NAME") }, "\(bad)")
     }
 
     @Test("Defaults fill a minimal file")

@@ -131,6 +131,21 @@ struct ServoEngineTests {
         #expect(after.first?.enabled == false)
     }
 
+    @Test("servo.output_enable: OE let through once every output is off at start, taken away at stop after the all-off")
+    func outputEnableLine() throws {
+        let board = try RunningBoard(yaml: testBoard().replacingOccurrences(
+            of: "  max_flushes_per_period: 4", with: "  output_enable: { emulated: true }\n  max_flushes_per_period: 4"))
+        let line = try #require(board.runtime.emulators?.outputEnable)
+        #expect(eventually { line.isActive })
+        #expect((0..<16).allSatisfy { board.duty($0) == 0 })
+        let central = try board.drivingCentral()
+        #expect(board.pulse(0) > 0)
+        board.runtime.stop()
+        _ = central
+        #expect(!line.isActive)
+        #expect((0..<16).allSatisfy { board.duty($0) == 0 })
+    }
+
     @Test("A latched ESC ignores values until ANALOG_OUT_EN on, and then waits for a new value")
     func escLatch() throws {
         var engine = ServoEngine(channels: try simulatorChannels(dwellMs: 0), timing: ServoPath.Timing())

@@ -2,6 +2,7 @@ import Foundation
 import Hardware
 @testable import LinuxHardware
 import Testing
+import TestSupport
 
 @Suite("GPIODLine without hardware")
 struct GPIODLineTests {
@@ -62,12 +63,14 @@ struct GPIODLineTests {
         }
     }
 
-    @Test("chip arguments become device paths")
-    func chipPaths() {
-        #expect(GPIODLine.chipPath(for: "gpiochip4") == "/dev/gpiochip4")
-        #expect(GPIODLine.chipPath(for: "/dev/gpiochip0") == "/dev/gpiochip0")
-        #expect(GPIODLine.chipPath(for: "2") == "/dev/gpiochip2")
-        #expect(GPIODLine.chipPath(for: "") == nil)
+    @Test("a chip is a device however it is spelled, a label otherwise, and nothing means every chip")
+    func chipNames() {
+        #expect(GPIODLine.ChipName("gpiochip4") == .path("/dev/gpiochip4"))
+        #expect(GPIODLine.ChipName("/dev/gpiochip0") == .path("/dev/gpiochip0"))
+        #expect(GPIODLine.ChipName("2") == .path("/dev/gpiochip2"))
+        #expect(GPIODLine.ChipName("pinctrl-rp1") == .label("pinctrl-rp1"))
+        #expect(GPIODLine.ChipName("gpiochip") == .label("gpiochip"))
+        #expect(GPIODLine.ChipName("") == .any)
     }
 
     @Test("chips are searched in numeric order")
@@ -92,5 +95,76 @@ struct GPIODLineTests {
     @Test("the linked libgpiod reports its version")
     func version() {
         #expect(GPIODLine.libraryVersion.first?.isNumber == true)
+    }
+}
+
+@Suite("GPIO lines found by name or chip label")
+struct GPIOLocateTests {
+    @Test("GPIO17 with no chip is found wherever the kernel put the header", arguments: [
+        (MadeUpChips.pi4, "/dev/gpiochip0"), (MadeUpChips.pi5, "/dev/gpiochip0"), (MadeUpChips.pi5Kernel61, "/dev/gpiochip4"),
+    ])
+    func byName(chips: MadeUpChips, expected: String) throws {
+        #expect(try GPIODLine.locate(chip: "", lineName: "GPIO17", in: chips) == expected)
+    }
+
+    @Test("a chip label names the chip whatever its number")
+    func byLabel() throws {
+        #expect(try GPIODLine.locate(chip: "pinctrl-rp1", lineName: "GPIO17", in: MadeUpChips.pi5Kernel61) == "/dev/gpiochip4")
+        #expect(try GPIODLine.locate(chip: "pinctrl-rp1", lineName: nil, in: MadeUpChips.pi5) == "/dev/gpiochip0")
+        do throws(GPIODLine.OpenError) {
+            _ = try GPIODLine.locate(chip: "pinctrl-rp1", lineName: "GPIO17", in: MadeUpChips.pi4)
+            Issue.record("found a label no chip has")
+        } catch {
+            #expect(error == .noSuchChipLabel(label: "pinctrl-rp1", chips: ["gpiochip0 [pinctrl-bcm2711]", "gpiochip1 [raspberrypi-exp-gpio]"]))
+            #expect(error.description.contains("gpiochip0 [pinctrl-bcm2711]"))
+        }
+    }
+
+    @Test("a name two chips have is an error naming both, and so is a label two chips share")
+    func ambiguous() {
+        let twice = MadeUpChips(chips: [
+            MadeUpChips.header("/dev/gpiochip0", "pinctrl-bcm2711"),
+            ("/dev/gpiochip2", "mcp23017", ["GPIO0", "GPIO17"]),
+            ("/dev/gpiochip3", "mcp23017", ["GPIO1"]),
+        ])
+        #expect(throws: GPIODLine.OpenError.ambiguousLine(name: "GPIO17", chips: ["gpiochip0 [pinctrl-bcm2711]", "gpiochip2 [mcp23017]"])) {
+            try GPIODLine.locate(chip: "", lineName: "GPIO17", in: twice)
+        }
+        #expect(throws: GPIODLine.OpenError.ambiguousChipLabel(label: "mcp23017", chips: ["gpiochip2 [mcp23017]", "gpiochip3 [mcp23017]"])) {
+            try GPIODLine.locate(chip: "mcp23017", lineName: "GPIO1", in: twice)
+        }
+        // Named, the chip decides.
+        #expect((try? GPIODLine.locate(chip: "pinctrl-bcm2711", lineName: "GPIO17", in: twice)) == "/dev/gpiochip0")
+    }
+
+    @Test("a name no chip has lists the chips searched; chips this user may not open are passed over, then blamed")
+    func missingAndDenied() {
+        #expect(throws: GPIODLine.OpenError.noSuchLine(name: "GPIO99", chips: ["/dev/gpiochip0", "/dev/gpiochip1"])) {
+            try GPIODLine.locate(chip: "", lineName: "GPIO99", in: MadeUpChips.pi4)
+        }
+        var locked = MadeUpChips.pi4
+        locked.denied = ["/dev/gpiochip1"]
+        #expect((try? GPIODLine.locate(chip: "", lineName: "GPIO17", in: locked)) == "/dev/gpiochip0")
+        #expect(throws: GPIODLine.OpenError.permissionDenied(path: "/dev/gpiochip1")) {
+            try GPIODLine.locate(chip: "", lineName: "GPIO99", in: locked)
+        }
+        #expect(throws: GPIODLine.OpenError.self) {
+            try GPIODLine.locate(chip: "", lineName: nil, in: MadeUpChips.pi4)
+        }
+    }
+
+    @Test("this machine's chips, through libgpiod: each has a label, and a name none has is no line")
+    func systemChips() throws {
+        let chips = SystemGPIOChips()
+        for path in chips.chipPaths() {
+            // A chip this user may not open says so; any other answer is a label.
+            do throws(GPIODLine.OpenError) {
+                #expect(try !chips.label(of: path).isEmpty)
+                #expect(try chips.offset(of: "BLC_NO_SUCH_LINE", on: path) == nil)
+            } catch {
+                #expect(error == .permissionDenied(path: path))
+            }
+        }
+        #expect(throws: GPIODLine.OpenError.noSuchChip(path: "/dev/gpiochip99")) { try chips.label(of: "/dev/gpiochip99") }
     }
 }

@@ -165,6 +165,21 @@ struct GPIOSimTests {
         }
     }
 
+    @Test("a chip is found by its label as well as by its device")
+    func byLabel() throws {
+        let (chip, sysfs) = KernelRig.gpioSim!
+        let chips = SystemGPIOChips()
+        let label = try chips.label(of: chip)
+        #expect(!label.isEmpty)
+        // gpio-sim names each bank after its device ("gpio-sim.0-node0"): no other chip has it.
+        #expect(chips.chipPaths().filter { (try? chips.label(of: $0)) == label } == [chip])
+        let line = try GPIODLine(chip: label, offset: 5, lineName: nil, activeLow: false)
+        defer { line.close() }
+        #expect(line.chipPath == chip)
+        try line.set(true)
+        #expect(KernelRig.simValue(sysfs, 5) == "1")
+    }
+
     @Test("a released line can no longer be set")
     func released() throws {
         let (chip, _) = KernelRig.gpioSim!

@@ -78,6 +78,29 @@ struct LinuxI2CBusTests {
         #expect(LinuxI2CBus.findAdapter(named: "x", sysfsDevices: "\(root)/missing", deviceDirectory: "/dev") == nil)
     }
 
+    @Test("a bus named by its adapter: the one node of that name, or an error listing the adapters there are")
+    func devicePathOfAdapter() throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("linuxhw-sysfs-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        for (entry, name) in ["i2c-1": "bcm2835 (i2c@7e804000)", "i2c-2": "bcm2835 (i2c@7e805000)", "i2c-20": "fef04500.i2c", "i2c-21": "fef04500.i2c", "1-0040": "pca9685"] {
+            try FileManager.default.createDirectory(atPath: "\(root)/\(entry)", withIntermediateDirectories: true)
+            try "\(name)\n".write(toFile: "\(root)/\(entry)/name", atomically: true, encoding: .utf8)
+        }
+        #expect(try LinuxI2CBus.devicePath(adapterNamed: "bcm2835 (i2c@7e804000)", sysfsDevices: root, deviceDirectory: "/dev") == "/dev/i2c-1")
+        #expect(throws: LinuxI2CBus.OpenError.ambiguousAdapter(name: "fef04500.i2c", matches: ["i2c-20", "i2c-21"])) {
+            try LinuxI2CBus.devicePath(adapterNamed: "fef04500.i2c", sysfsDevices: root, deviceDirectory: "/dev")
+        }
+        do throws(LinuxI2CBus.OpenError) {
+            _ = try LinuxI2CBus.devicePath(adapterNamed: "Synopsys DesignWare I2C adapter", sysfsDevices: root, deviceDirectory: "/dev")
+            Issue.record("found an adapter that is not there")
+        } catch {
+            #expect(error == .noSuchAdapter(name: "Synopsys DesignWare I2C adapter", present: [
+                "i2c-1 \"bcm2835 (i2c@7e804000)\"", "i2c-2 \"bcm2835 (i2c@7e805000)\"", "i2c-20 \"fef04500.i2c\"", "i2c-21 \"fef04500.i2c\"",
+            ]))
+            #expect(error.description.contains("i2c-1 \"bcm2835 (i2c@7e804000)\""))
+        }
+    }
+
     @Test("functionality reads as names")
     func functionalityText() {
         #expect(I2CFunctionality([.i2c, .smbusQuick]).description == "I2C, SMBus quick")

@@ -57,6 +57,17 @@ void blc_gpio_line_close(blc_gpio_line *_Nullable line);
 int blc_gpio_line_consumer(const char *_Nonnull chip_path, unsigned int offset,
                            char *_Nonnull buffer, size_t size);
 
+/// The label of the chip at `chip_path` (its driver's name for it, e.g.
+/// "pinctrl-bcm2711" or "pinctrl-rp1"), copied into `buffer`. 0 or -errno
+/// of opening the chip.
+int blc_gpio_chip_label(const char *_Nonnull chip_path, char *_Nonnull buffer, size_t size);
+
+/// Looks for the line called `name` on the chip at `chip_path`: 0 with its
+/// offset in `offset`, 1 when the chip has no line of that name, -errno
+/// when the chip cannot be opened or searched.
+int blc_gpio_chip_find_line(const char *_Nonnull chip_path, const char *_Nonnull name,
+                            unsigned int *_Nonnull offset);
+
 /// The version of the libgpiod linked at run time, e.g. "1.6.3".
 const char *_Nonnull blc_gpio_library_version(void);
 

@@ -4,6 +4,7 @@ import Devices
 import Hardware
 import LinuxHardware
 import Logging
+import Reactor
 
 /// The emulated chips of a simulator board, attached to its emulated buses
 /// when the buses are opened: the simulator is a board whose buses carry
@@ -20,8 +21,10 @@ public struct BoardEmulators: @unchecked Sendable {
     public var led: EmulatedDigitalOutput?
     /// Emulated switch lines by switch index.
     public var switches: [Int: EmulatedDigitalOutput] = [:]
+    /// The emulated line on the chips' OE pin (`servo.output_enable`).
+    public var outputEnable: EmulatedDigitalOutput?
 
-    public var isEmpty: Bool { buses.isEmpty && led == nil && switches.isEmpty }
+    public var isEmpty: Bool { buses.isEmpty && led == nil && switches.isEmpty && outputEnable == nil }
 }
 
 /// What a status report reads back from the hardware: on a simulator board
@@ -66,7 +69,7 @@ public enum BoardBuses {
                 let emulated = EmulatedI2CBus(maxWriteLength: bus.maxWriteLength, byteTime: bus.byteTime)
                 emulators.buses[name] = emulated
                 buses[name] = emulated
-            case .device(let path):
+            case .device, .adapter:
                 do {
                     // On an SMBus-only adapter the PCF8574's port bytes go out
                     // as I2C block writes: the "command" byte is just the
@@ -75,7 +78,7 @@ public enum BoardBuses {
                     // a 33-byte block equals a plain write (the HD44780 driver
                     // keeps writes within maxWriteLength): 4 transfers per
                     // LCD line instead of 68 send-bytes.
-                    buses[name] = try LinuxI2CBus(path: path, logger: logger)
+                    if let path = try bus.kind.devicePath() { buses[name] = try LinuxI2CBus(path: path, logger: logger) }
                 } catch {
                     throw SetupError(description: "bus \(name): \(error)")
                 }
@@ -102,10 +105,20 @@ public enum BoardBuses {
     /// touches the chips without the instance lock, on purpose: it runs
     /// when the daemon that held the lock is gone (or hung), and an all-off
     /// write is safe whatever state the chip is in. Returns what it did.
-    public static func safeOutputs(_ configuration: BoardConfiguration, logger: Logger) throws -> String {
+    ///
+    /// `waitingUpTo`: at boot the bus's device node appears only once udev
+    /// has loaded the adapter's driver and i2c-dev, which can come after
+    /// this runs: wait for the chips' bus devices this long (nothing is
+    /// written until they exist; a bus that never comes is the error).
+    public static func safeOutputs(_ configuration: BoardConfiguration, waitingUpTo wait: Duration = .zero, logger: Logger) throws -> String {
         guard let servo = configuration.servo else { return "no servo controller on this board: nothing to switch off" }
         let chips = servo.chips.filter { configuration.buses[$0.bus]?.kind != .emulated }
         if chips.isEmpty { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
+        let kinds = chips.compactMap { configuration.buses[$0.bus]?.kind }
+        let deadline = ContinuousClock.now + wait
+        while !kinds.allSatisfy(\.isPresent), ContinuousClock.now < deadline {
+            sleepThread(.milliseconds(20))
+        }
         let (buses, _) = try open(configuration, logger: logger)
         // Every chip gets its write even when one fails: one dead chip must
         // not leave another one's ESC running.
@@ -178,10 +191,13 @@ struct BoardAssembly {
             // thread is what the watchdog catches; without one, an idle
             // servo thread sleeps until there is work.
             timing.heartbeat = watchdogInterval.map { $0 / 2 }
+            let outputEnable = try servoConfiguration.outputEnable.map { line in
+                try Self.output(line, "servo.output_enable") { emulators.outputEnable = EmulatedDigitalOutput(name: "output-enable"); return emulators.outputEnable! }
+            }
             servo = ServoPath(
                 drivers: drivers, channels: servoConfiguration.channels, timing: timing,
                 realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,
-                logger: logger
+                outputEnable: outputEnable, logger: logger
             )
             var seen = Set<String>()
             servoArbiters = servoConfiguration.chips.compactMap { chip in seen.insert(chip.bus).inserted ? arbiters[chip.bus] : nil }
@@ -202,19 +218,8 @@ struct BoardAssembly {
             lcd = nil
         }
 
-        switch configuration.led {
-        case .emulated?:
-            let output = EmulatedDigitalOutput()
-            emulators.led = output
-            led = StatusLED(output: output, logger: logger)
-        case .gpio(let chip, let line, let lineName, let activeLow)?:
-            do {
-                led = StatusLED(output: try GPIODLine(chip: chip, offset: line, lineName: lineName, activeLow: activeLow), logger: logger)
-            } catch {
-                throw BoardBuses.SetupError(description: "led: \(error)")
-            }
-        case nil:
-            led = nil
+        led = try configuration.led.map { line in
+            StatusLED(output: try Self.output(line, "led") { emulators.led = EmulatedDigitalOutput(); return emulators.led! }, logger: logger)
         }
 
         var switchDrivers: [(SwitchConfiguration, SwitchBank.Driver)] = []
@@ -238,5 +243,20 @@ struct BoardAssembly {
         switches = switchDrivers.isEmpty ? nil : SwitchBank(switchDrivers, logger: logger)
         self.emulators = emulators
         observer = emulators.isEmpty ? nil : EmulatorObserver(emulators: emulators)
+    }
+
+    /// A board file's output line, opened: `emulated` makes (and keeps)
+    /// the simulator's; a GPIO line that cannot be had names `what`.
+    private static func output(_ line: LEDConfiguration, _ what: String, emulated: () -> EmulatedDigitalOutput) throws -> any DigitalOutput {
+        switch line {
+        case .emulated:
+            return emulated()
+        case .gpio(let chip, let offset, let lineName, let activeLow):
+            do {
+                return try GPIODLine(chip: chip, offset: offset, lineName: lineName, activeLow: activeLow)
+            } catch {
+                throw BoardBuses.SetupError(description: "\(what): \(error)")
+            }
+        }
     }
 }

@@ -50,6 +50,7 @@ extension BoardRuntime {
         if new.name != old.name { restartOnly.append("name") }
         if new.buses != old.buses { restartOnly.append("buses") }
         if new.servo?.chips != old.servo?.chips { restartOnly.append("servo chips (bus, address, frequency, oscillator, output drive)") }
+        if new.servo?.outputEnable != old.servo?.outputEnable { restartOnly.append("servo.output_enable") }
         if new.lcd != old.lcd { restartOnly.append("lcd") }
         if new.led != old.led { restartOnly.append("led") }
         if new.serial != old.serial { restartOnly.append("transports.serial") }

@@ -105,6 +105,7 @@ public final class ServoPath: @unchecked Sendable {
     }
 
     private let drivers: [PCA9685]
+    private let outputEnable: (any DigitalOutput)?
     private let logger: Logger
     private let timing: Timing
     private let realtime: Realtime?
@@ -131,9 +132,13 @@ public final class ServoPath: @unchecked Sendable {
     /// failsafe watch arm one timer per stall period of activity, not poll.
     public var onBusy: (@Sendable (ContinuousClock.Instant) -> Void)?
 
-    public init(drivers: [PCA9685], channels: [ChannelConfiguration], timing: Timing = Timing(), realtime: Realtime? = nil, logger: Logger) {
+    /// - Parameter outputEnable: the line on the chips' OE pin, if wired:
+    ///   made active once every output is off at start, inactive at stop.
+    public init(drivers: [PCA9685], channels: [ChannelConfiguration], timing: Timing = Timing(), realtime: Realtime? = nil,
+                outputEnable: (any DigitalOutput)? = nil, logger: Logger) {
         precondition(!drivers.isEmpty, "a servo path needs at least one PCA9685")
         self.drivers = drivers
+        self.outputEnable = outputEnable
         self.logger = logger
         self.timing = timing
         self.realtime = realtime
@@ -181,6 +186,18 @@ public final class ServoPath: @unchecked Sendable {
             } catch {
                 logger.error("outputs off at shutdown failed: \(error)")
             }
+        }
+        enableOutputs(false)
+    }
+
+    /// Drives the OE line (`servo.output_enable`); a failure is logged: the
+    /// I2C all-off is what makes the outputs safe, OE is the second line.
+    private func enableOutputs(_ enabled: Bool) {
+        guard let outputEnable else { return }
+        do {
+            try outputEnable.set(enabled)
+        } catch {
+            logger.error("servo.output_enable: \(error)")
         }
     }
 
@@ -334,6 +351,8 @@ public final class ServoPath: @unchecked Sendable {
                 engine.markAllDirty()
             }
             logger.info("PCA9685 initialised (\(drivers.count) chip\(drivers.count == 1 ? "" : "s")), every output off, \(drivers[0].actualFrequency)")
+            // Every output is off: OE may let them through now.
+            enableOutputs(true)
             return true
         } catch {
             reportFailure(error, initialising: true)
