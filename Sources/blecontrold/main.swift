@@ -47,14 +47,21 @@ let safeOutputs = Command(
     discussion: """
     After a crash (kill -9, a fault) the chip keeps producing the last pulses; systemd runs this afterwards. \
     It is the one command that writes to the chip without the board's instance lock, on purpose: the daemon \
-    that held it is gone or hung, and an all-off write is safe in any state.
+    that held it is gone or hung, and an all-off write is safe in any state. \
+    At boot (blecontrol-safe-outputs.service) it also switches off what the chip kept producing through a reboot \
+    (a watchdog reset or a reboot does not cut the chip's power), before anything else starts.
     """,
-    options: [boardOption]
+    options: [
+        boardOption,
+        Command.Option("wait-for-bus", value: "SECONDS",
+                       help: "Wait up to SECONDS (0-300, default 0) for the servo bus's device to appear (at boot, udev creates it)."),
+    ]
 ) { arguments in
     bootstrapLogging(.warning)
     let configuration = try loadBoard(arguments.option("board"))
+    let wait = try arguments.integer("wait-for-bus", in: 0...300, default: 0)
     do {
-        print(try BoardBuses.safeOutputs(configuration, logger: Logger(label: "blecontrold")))
+        print(try BoardBuses.safeOutputs(configuration, waitingUpTo: .seconds(wait), logger: Logger(label: "blecontrold")))
     } catch {
         throw ExitFailure("safe-outputs: \(error)")
     }
@@ -147,6 +154,7 @@ let manual = Manual(section: 8, sections: [
     ]),
     Manual.Section("Systemd", [
         .paragraph("The package's blecontrold.service runs `blecontrold --board /etc/blecontrol/board.yaml` as the system user blecontrol (groups i2c, gpio, bluetooth, dialout), after bluetooth.service, hardened (`systemd-analyze security blecontrold` rates it). It is Type=notify: READY=1 once every transport listens, STATUS= with the board's state, and WATCHDOG=1 from the servo thread, so a stuck servo thread is killed and restarted (WatchdogSec=5s). ExecStopPost= switches the outputs off however the daemon ended. The package enables and starts it, restarts it on upgrade (the old daemon stops with every output off) and stops it on removal."),
+        .paragraph("blecontrol-safe-outputs.service runs `blecontrold safe-outputs --wait-for-bus 30` early at every boot, before bluetoothd and the daemon: the PCA9685 keeps its power and its last pulses through a reboot or a hardware-watchdog reset of the board, until something writes to it. The package enables it."),
     ]),
     Manual.Section("Logging", [
         .paragraph("Messages go to standard error, which systemd's journal keeps: `journalctl -u blecontrold`. Under systemd each line carries its priority, so `journalctl -u blecontrold -p err` shows only the errors, and `-p warning` the warnings too. --log-level sets what is written (default info)."),
