@@ -21,12 +21,14 @@ final class DaemonProcess {
     let process = Process()
     private(set) var port: UInt16 = 0
 
-    init(binary: String, boardText: String? = nil) throws {
+    /// - Parameter logLevel: the daemon's; what it logs goes to
+    ///   `directory/daemon.log` (``logBytes()``).
+    init(binary: String, boardText: String? = nil, logLevel: String = "error") throws {
         self.binary = binary
         directory = NSTemporaryDirectory() + "blecontrol-bench-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         socket = directory + "/control.sock"
-        var arguments = ["--socket", socket, "--tcp", "127.0.0.1:0", "--log-level", "error"]
+        var arguments = ["--socket", socket, "--tcp", "127.0.0.1:0", "--log-level", logLevel]
         if let boardText {
             let path = directory + "/board.yaml"
             try boardText.write(toFile: path, atomically: true, encoding: .utf8)
@@ -35,7 +37,8 @@ final class DaemonProcess {
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
         process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
+        FileManager.default.createFile(atPath: directory + "/daemon.log", contents: nil)
+        process.standardError = FileHandle(forWritingAtPath: directory + "/daemon.log") ?? FileHandle.nullDevice
         try process.run()
         let deadline = ContinuousClock.now + .seconds(30)
         while ContinuousClock.now < deadline {
@@ -51,6 +54,11 @@ final class DaemonProcess {
     deinit { stop() }
 
     var pid: Int32 { process.processIdentifier }
+
+    /// How much the daemon has logged so far.
+    func logBytes() -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: directory + "/daemon.log"))?[.size] as? Int) ?? 0
+    }
 
     func stop() {
         if process.isRunning {

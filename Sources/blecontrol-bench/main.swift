@@ -424,12 +424,20 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 
 // Usage: blecontrol-bench [all|foundation|servo|daemon|serial|mqtt] [frames]
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
+//        blecontrol-bench soak DAEMON [SECONDS]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS]")
     exit(2)
+}
+if section == "soak" {
+    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0 else {
+        print("usage: blecontrol-bench soak DAEMON [SECONDS]   (default 120; a day: 86400)")
+        exit(2)
+    }
+    do { exit(try soakDaemon(binary: arguments[1], seconds: seconds) ? 0 : 1) } catch { print("soak failed: \(error)"); exit(1) }
 }
 if section == "mqtt" {
     do { try benchmarkMQTT() } catch { print("benchmark failed: \(error)"); exit(1) }
