@@ -66,6 +66,222 @@ restarted_since() { # NRESTARTS OLDPID: systemd restarted it and the new one is 
     [ "$(prop NRestarts)" -gt "$1" ] && is_active && [ "$(prop MainPID)" != "$2" ] && [ "$(prop MainPID)" != 0 ]
 }
 
+# Every version of the board file this boot wrote, for the host's crash
+# states (Tests/Image/crash_states.py: after a power cut the file must be
+# one of them, whole); sent to the host at the end of the boot.
+versions=$work/board-versions
+keep_version() {
+    mkdir -p "$versions"
+    cp /etc/blecontrol/board.yaml "$versions/$(sha256sum </etc/blecontrol/board.yaml | cut -c1-16).yaml"
+}
+send_versions() { tar -C "$versions" -cf /dev/virtio-ports/blecontrol.files . 2>/dev/null || true; }
+keep_version
+# FILE becomes the board file the way docs/raspberry-pi.md says to replace
+# it: whole or not at all, whenever the power goes (a new file beside it,
+# on the card, renamed over the old one).
+replace_board() {
+    install -m 0644 "$1" /etc/blecontrol/board.yaml.new && sync /etc/blecontrol/board.yaml.new \
+        && mv -f /etc/blecontrol/board.yaml.new /etc/blecontrol/board.yaml && sync /etc/blecontrol || return 1
+    keep_version
+}
+
+# A bonded central (#19: the bond survives a reboot): btvirt's hci1, as a
+# central of the same bluetoothd, pairs with the board on hci0 (just works:
+# `ble.security: encrypted`, no agent on either side) through BlueZ's own
+# D-Bus API and writes through blecontrol's BLE central.
+address_of() { busctl get-property org.bluez "/org/bluez/$1" org.bluez.Adapter1 Address | cut -d'"' -f2; }
+device_path() { echo "/org/bluez/$1/dev_$(echo "$2" | tr : _)"; } # ADAPTER ADDRESS
+device_prop() { busctl get-property org.bluez "$(device_path "$1" "$2")" org.bluez.Device1 "$3" 2>/dev/null; } # ADAPTER ADDRESS PROPERTY
+bond_key() { # BOARD CENTRAL: the long-term key the board's bluetoothd stored for the central
+    # An LE Secure Connections key is the responder's ([PeripheralLongTermKey],
+    # BlueZ's src/adapter.c store_longtermkey); a legacy initiator's is [LongTermKey].
+    sed -n '/^\[\(Peripheral\)\{0,1\}LongTermKey\]/,/^Rand=/s/^Key=//p' "/var/lib/bluetooth/$1/$2/info" 2>/dev/null | head -n 1
+}
+secure_board() { # the board file's ble.security: encrypted, applied by a reload
+    local at
+    at=$(cursor)
+    if ! grep -q '^  security: encrypted' /etc/blecontrol/board.yaml; then
+        sed 's/^ble:$/ble:\n  security: encrypted/' /etc/blecontrol/board.yaml >"$work/board.secure"
+        replace_board "$work/board.secure" || return 1
+    fi
+    systemctl reload blecontrold.service
+    until_true 240 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'BLE: advertising as'" \
+        || { echo "not advertising again after the reload: $(unit_log_since "$at" | tail -n 2 | tr '\n' '|')"; return 1; }
+}
+write_over_the_air() { # BOARD VALUE LED0_OFF_L: blecontrol as a BLE central on hci1 moves servo 0; the stub shows it
+    local board=$1 value=$2 want=$3
+    blecontrol --ble "$board" --adapter hci1 --timeout 60 servo 0 "$value" >"$work/ble-write.log" 2>&1 \
+        || { tail -n 2 "$work/ble-write.log"; return 1; }
+    until_true 40 expect_reg 0x40 0x08 "$want"
+}
+
+# The soak of issue #21 under the image, for SOAK_SECONDS (test.env): a
+# central on hci1 streams the demo app's traffic (four servos every 50 ms,
+# one BLE connection a cycle of 8 s), then, in turn, bluetoothd is
+# restarted or the board reloaded. At each quiet moment (no central, the
+# board advertising again) the daemon's memory, descriptors and threads and
+# the journal's disk use are sampled; the slopes go to the host. A
+# descriptor or a thread more at the last quiet moment of a kind than at
+# its first fails; so does a session that could not be served.
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+image_soak() {
+    local end cycle=0 failed=0 pid at session=$work/demo.session samples=$work/soak.tsv
+    end=$(awk -v u="$(uptime_s)" -v s="${SOAK_SECONDS:-90}" 'BEGIN { print u + s }')
+    awk 'BEGIN { for (i = 0; i < 160; i++) { v = (i * 7) % 1001; for (c = 0; c < 4; c++) printf "servo %d %d\n", c, (v + c * 250) % 1001; print "wait 50" } }' >"$session"
+    : >"$samples"
+    cli enable 0 on; cli enable 1 on; cli enable 2 on; cli enable 3 on
+    while awk -v u="$(uptime_s)" -v e="$end" 'BEGIN { exit !(u < e) }'; do
+        cycle=$((cycle + 1))
+        blecontrol --ble BLEControl --adapter hci1 --timeout 60 session <"$session" >>"$work/soak-ble.log" 2>&1 \
+            || blecontrol --ble BLEControl --adapter hci1 --timeout 60 session <"$session" >>"$work/soak-ble.log" 2>&1 \
+            || failed=$((failed + 1))
+        until_true 120 sh -c '[ "$(blecontrol status --json | grep -o "\"sessions\" *: *\[ *\]")" ]' >/dev/null 2>&1
+        pid=$(prop MainPID)
+        echo "$(uptime_s) $((cycle % 2)) $(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status") $(ls "/proc/$pid/fd" | wc -l) $(ls "/proc/$pid/task" | wc -l) $(du -sk /var/log/journal | cut -f1)" >>"$samples"
+        at=$(cursor)
+        if [ $((cycle % 2)) = 1 ]; then
+            systemctl restart bluetooth.service
+            until_true 240 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'BLE: advertising as'" || failed=$((failed + 1))
+        else
+            # A board file replaced (servo pacing: applied in place) and reloaded.
+            if grep -q 'max_flushes_per_period: 4' /etc/blecontrol/board.yaml; then
+                sed 's/max_flushes_per_period: 4/max_flushes_per_period: 5/' /etc/blecontrol/board.yaml >"$work/board.soak"
+            else
+                sed 's/max_flushes_per_period: 5/max_flushes_per_period: 4/' /etc/blecontrol/board.yaml >"$work/board.soak"
+            fi
+            replace_board "$work/board.soak"
+            systemctl reload blecontrold.service
+            until_true 240 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'reload applied: servo pacing'" || failed=$((failed + 1))
+        fi
+    done
+    # Least-squares slopes per hour of columns 3 (kB), 6 (journal kB).
+    awk -v cycles="$cycle" -v failed="$failed" '
+        { t[NR] = $1; k[NR] = $2; rss[NR] = $3; fd[NR] = $4; th[NR] = $5; j[NR] = $6 }
+        function slope(v,   i, mt, mv, c, s) { for (i = 1; i <= NR; i++) { mt += t[i]; mv += v[i] } mt /= NR; mv /= NR
+            for (i = 1; i <= NR; i++) { c += (t[i] - mt) * (v[i] - mv); s += (t[i] - mt) ^ 2 } return s > 0 ? c / s * 3600 : 0 }
+        END { printf "image soak: %d cycles (%d bluetoothd restarts, %d reloads) in %.0f s, %d failures; RSS %d -> %d kB (%+.0f kB/h), descriptors %d -> %d, threads %d -> %d, journal on disk %d -> %d kB (%+.0f kB/h; TCG)\n",
+              cycles, int((cycles + 1) / 2), int(cycles / 2), t[NR] - t[1], failed, rss[1], rss[NR], slope(rss), fd[1], fd[NR], th[1], th[NR], j[1], j[NR], slope(j) }' "$samples" >"$work/soak-summary"
+    [ "$failed" = 0 ] || { echo "$failed sessions not served or restarts not recovered from: $(tail -n 2 "$work/soak-ble.log")"; return 1; }
+    # Quiet moments of one kind (after a bluetoothd restart, after a
+    # reload): the last holds no more than the second of its kind (the
+    # first is before the daemon settled).
+    awk '{ n[$2]++ } n[$2] == 2 { fd0[$2] = $4; th0[$2] = $5 } n[$2] >= 2 && ($4 > fd0[$2] || $5 > th0[$2]) { print "quiet moment at " $1 " s: " $4 " descriptors, " $5 " threads; earlier " fd0[$2] ", " th0[$2]; bad = 1 } END { exit bad }' "$samples"
+}
+
+# What must hold on the way back up from a hung kernel; run on the boot
+# after the first one hung its kernel (section w below) and the watchdog
+# reset it.
+state=/var/lib/blecontrol-test
+unit_us() { systemctl show -P "$2" "$1"; } # UNIT PROPERTY
+after_watchdog_reset() {
+    info "boot 2: $(uname -r), after the hardware watchdog's reset"
+    reset_boot() {
+        [ "$(journalctl --list-boots -q | wc -l)" -ge 2 ] || { journalctl --list-boots; return 1; }
+        journalctl -b -1 -q -o cat -t blecontrol-test | grep -q 'hanging the kernel now' \
+            || { echo "the hung boot's last lines are not in the journal"; return 1; }
+    }
+    check r1 "this boot follows the hung one: its journal was kept on the card up to the hang (journalctl -b -1)" reset_boot
+    # setup.sh put back the registers the chip held at the hang (the stub,
+    # like the chip, would otherwise start from power-on values).
+    early_off() {
+        local off_us daemon_us bluez_us
+        [ "$(unit_us blecontrol-safe-outputs.service Result)" = success ] || { echo "Result $(unit_us blecontrol-safe-outputs.service Result)"; return 1; }
+        journalctl -b -u blecontrol-safe-outputs.service -q -o cat | grep -q 'PCA9685 .* every output off' \
+            || { journalctl -b -u blecontrol-safe-outputs.service -q -o cat | tail -n 3; return 1; }
+        # Live at the hang: LED0 at 1500 µs and the all-off bit clear.
+        journalctl -b -u blecontrol-test-setup.service -q -o cat | grep -q 'held registers back in the stub: LED0_OFF 0x0133, ALL_LED_OFF_H 0x00' \
+            || { echo "the held registers were not restored: $(journalctl -b -u blecontrol-test-setup.service -q -o cat | grep held)"; return 1; }
+        off_us=$(unit_us blecontrol-safe-outputs.service ExecMainExitTimestampMonotonic)
+        daemon_us=$(unit_us blecontrold.service ExecMainStartTimestampMonotonic)
+        bluez_us=$(unit_us bluetooth.service ExecMainStartTimestampMonotonic)
+        [ "$off_us" -gt 0 ] && [ "$off_us" -lt "$daemon_us" ] && [ "$off_us" -lt "$bluez_us" ] \
+            || { echo "safe-outputs done at $off_us µs, bluetoothd started at $bluez_us, blecontrold at $daemon_us"; return 1; }
+        all_off
+    }
+    check r2 "blecontrol-safe-outputs switched off the outputs the chip held (0xFD = 0x10) before bluetoothd and blecontrold started" early_off
+    info "outputs-off-after-kernel-start: $(awk -v us="$(unit_us blecontrol-safe-outputs.service ExecMainExitTimestampMonotonic)" 'BEGIN { printf "%.1f", us / 1e6 }') s (TCG)"
+    check r3 "back up: blecontrold active, no failed unit, no emergency shell, root read-write" up_again
+    journal_limits() {
+        journalctl -b -u systemd-journald -q -o cat | grep -E 'System Journal .* max 64(\.0)?M' \
+            || { journalctl -b -u systemd-journald -q -o cat | grep -i journal | tail -n 2; return 1; }
+    }
+    check r4 "journald applies the image's limits (persistent, at most 64 MiB)" journal_limits
+    if [ -f "$state/bond" ]; then
+        # shellcheck source=/dev/null
+        . "$state/bond"
+        bond_kept() {
+            [ "$(device_prop hci0 "$CENTRAL" Bonded)" = "b true" ] || { echo "the board's bluetoothd has no bond with $CENTRAL after the reboot"; return 1; }
+            [ "$(bond_key "$BOARD" "$CENTRAL")" = "$KEY" ] || { echo "the stored key changed: $(bond_key "$BOARD" "$CENTRAL")"; return 1; }
+            secure_board || return 1
+            cli enable 0 on || return 1
+            # 1900 µs: 389 counts (0x185; 389.35 at PRE_SCALE 121's 50.03 Hz).
+            write_over_the_air "$BOARD" 900 0x85 || return 1
+            [ "$(device_prop hci1 "$BOARD" Paired)" = "b true" ] || return 1
+            # The same key after the reconnection: no new pairing happened.
+            [ "$(bond_key "$BOARD" "$CENTRAL")" = "$KEY" ] || { echo "paired again: a new key"; return 1; }
+        }
+        check r5 "the bond survives the reboot: bonded before any connection, the central writes to FFE1 of the encrypted board with the same stored key" bond_kept
+    fi
+    check soak "a short soak under the real bluetoothd: the demo app's traffic over the air, bluetoothd restarted and the board reloaded in turn; every session served, no descriptor or thread kept" image_soak
+    info "$(cat "$work/soak-summary" 2>/dev/null)"
+    {
+        echo "=== boot 2: journal"; journalctl -b --no-pager -o short-monotonic
+    } >/dev/virtio-ports/blecontrol.logs 2>&1
+    send_versions
+    record "DONE"
+}
+# The power cuts of Tests/Image/run (its section z): the host boots a copy
+# of the disk as it was before the first boot again and again, kills QEMU
+# at a random moment of each boot (the first boot, ordinary boots, the
+# streaming after them) and names the mode on the kernel command line.
+mode=$(sed -n 's/.*blecontrol\.test=\([a-z-]*\).*/\1/p' /proc/cmdline)
+up_again() {
+    until_true 600 is_active || { echo "blecontrold $(prop ActiveState)"; return 1; }
+    local failed
+    failed=$(systemctl --failed --no-legend --plain)
+    [ -z "$failed" ] || { echo "$failed"; return 1; }
+    ! systemctl -q is-active emergency.target rescue.target || { echo "emergency or rescue mode"; return 1; }
+    findmnt -no OPTIONS / | grep -q '^rw' || { echo "root mounted $(findmnt -no OPTIONS /)"; return 1; }
+}
+boots() { journalctl --list-boots -q 2>/dev/null | wc -l; }
+if [ "$mode" = cut ]; then
+    # Up, then the demo app's traffic (a servo swept through its range)
+    # until the power goes.
+    check "z$(boots)" "a boot of the power-cut series, up before its cut (boot $(boots) in the card's journal): blecontrold active, no failed unit, no emergency shell, root read-write" up_again
+    record "BOOTED up $(cut -d' ' -f1 /proc/uptime) s after its kernel started (boot $(boots) in the card's journal), then streaming"
+    value=0
+    while :; do
+        cli enable 0 on
+        cli servo 0 "$value"
+        value=$(( (value + 50) % 1000 ))
+    done
+fi
+if [ "$mode" = after-cuts ]; then
+    info "after the power cuts: boot $(boots) on the card"
+    check z-up "the boot after the last power cut: blecontrold active, no failed unit, no emergency shell, root read-write" up_again
+    first_boot_done() {
+        local key
+        [ "$(cat /etc/hostname)" = "$EXPECT_HOSTNAME" ] || { echo "host name $(cat /etc/hostname)"; return 1; }
+        grep -qF "$ADMIN_KEY" "/home/$ADMIN_USER/.ssh/authorized_keys" || { echo "$ADMIN_USER has not got the key"; return 1; }
+        [ ! -e /boot/firmware/authorized_keys ] || { echo "authorized_keys still on the boot partition"; return 1; }
+        for key in /etc/ssh/ssh_host_*_key; do ssh-keygen -l -f "$key" >/dev/null || { echo "$key unreadable"; return 1; }; done
+        ls /etc/ssh/ssh_host_ed25519_key >/dev/null && systemctl -q is-active ssh.service
+    }
+    check z-first-boot "the first boot, cut early, finished at a later boot: host name, the administrator's key, whole SSH host keys, sshd running" first_boot_done
+    check z-outputs "the outputs work: enable 0 on + servo 0 500 reaches the chip" move_servo
+    {
+        echo "=== after the power cuts: boots"; journalctl --list-boots --no-pager
+        echo "=== journal"; journalctl -b --no-pager -o short-monotonic
+    } >/dev/virtio-ports/blecontrol.logs 2>&1
+    record "DONE"
+    exit 0
+fi
+if [ -e "$state/hung" ]; then
+    rm -f "$state/hung"
+    after_watchdog_reset
+    exit 0
+fi
+
 info "guest: $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ {print $2 / 1024 " MB"}' /proc/meminfo)"
 active_us=$(prop ActiveEnterTimestampMonotonic)
 info "boot: blecontrold active ${active_us} µs after the kernel started ($(awk -v us="$active_us" 'BEGIN { printf "%.1f", us / 1e6 }') s); NRestarts $(prop NRestarts)"
@@ -103,7 +319,10 @@ key_admin_ok() {
 check i5 "administrator '$ADMIN_USER' from authorized_keys: groups, key, no password, sudo without one" key_admin_ok
 # The other way in: userconf.txt (NAME:HASH), applied the way a boot applies it.
 password_admin_ok() {
+    # On the card before the boot, as a user's computer leaves it (the
+    # crash states of Tests/Image/crash_states.py rely on it).
     echo "$SECOND_USER:$SECOND_HASH" >/boot/firmware/userconf.txt
+    sync -f /boot/firmware/userconf.txt
     /usr/lib/blecontrol-image/firstboot administrator || return 1
     admin_ok "$SECOND_USER" || return 1
     [ "$(getent shadow "$SECOND_USER" | cut -d: -f2)" = "$SECOND_HASH" ] || { echo "password hash is not userconf.txt's"; return 1; }
@@ -226,12 +445,13 @@ else
         local at pid
         at=$(cursor); pid=$(prop MainPID)
         cp /etc/blecontrol/board.yaml "$work/board.good"
-        printf 'servo:\n  address: [\n' >>/etc/blecontrol/board.yaml
+        { cat "$work/board.good"; printf 'servo:\n  address: [\n'; } >"$work/board.broken"
+        replace_board "$work/board.broken"
         kill -HUP "$pid"
         until_true 120 sh -c "journalctl -u blecontrold.service -p err --after-cursor='$at' -q -o cat | grep -q 'reload refused'"
         local status=$?
         journalctl -u blecontrold.service -p err --after-cursor="$at" -q -o cat >"$work/err.log"
-        cp "$work/board.good" /etc/blecontrol/board.yaml
+        replace_board "$work/board.good"
         kill -HUP "$pid"
         [ "$status" = 0 ] || { echo "no 'reload refused' at -p err: $(journalctl -u blecontrold.service --after-cursor="$at" -q -o cat | tail -n 3 | tr '\n' '|')"; return 1; }
         # The notice-level line about the SIGHUP is in the journal, not at -p err.
@@ -277,7 +497,8 @@ else
             local at n
             at=$(cursor); n=$(prop NRestarts)
             cp /etc/blecontrol/board.yaml "$work/board.good"
-            printf 'servo:\n  address: [\n' >>/etc/blecontrol/board.yaml
+            { cat "$work/board.good"; printf 'servo:\n  address: [\n'; } >"$work/board.broken"
+            replace_board "$work/board.broken"
             # As in u1: the earlier starts must not count against this one.
             systemctl reset-failed blecontrold.service
             systemctl restart blecontrold.service
@@ -285,7 +506,7 @@ else
             local state result status restarts
             state=$(prop ActiveState); result=$(prop Result); status=$(prop ExecMainStatus); restarts=$(prop NRestarts)
             journalctl -u blecontrold.service -p err --after-cursor="$at" -q -o cat >"$work/refused.log"
-            cp "$work/board.good" /etc/blecontrol/board.yaml
+            replace_board "$work/board.good"
             systemctl reset-failed blecontrold.service
             systemctl start blecontrold.service
             until_true 600 is_active
@@ -333,6 +554,97 @@ record "SSH-READY $ADMIN_USER"
 check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
     until_true 1200 test -e "/home/$ADMIN_USER/ssh-was-here"
 
+# --- (k) a bonded central, for the check after the reboot ----------------------------------
+bond() {
+    local board central
+    busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true
+    board=$(address_of hci0); central=$(address_of hci1)
+    secure_board || return 1
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery
+    until_true 240 busctl introspect org.bluez "$(device_path hci1 "$board")" || { echo "hci1 never saw the board"; return 1; }
+    # Discovery stays on until the pairing is done: stopping it removes the
+    # devices it found that are neither connected nor paired (bluetoothd's
+    # temporary devices), this one with them.
+    btmon >"$work/btmon-pair.txt" 2>&1 &
+    local btmon=$!
+    busctl --timeout=120 call org.bluez "$(device_path hci1 "$board")" org.bluez.Device1 Pair
+    local paired=$?
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StopDiscovery 2>/dev/null
+    sleep 1; kill "$btmon" 2>/dev/null
+    [ "$paired" = 0 ] || { cp "$work/btmon-pair.txt" "$work/btmon-failed.txt"; return 1; }
+    until_true 120 sh -c "[ \"\$(busctl get-property org.bluez $(device_path hci0 "$central") org.bluez.Device1 Bonded)\" = 'b true' ]" \
+        || { echo "the board's side is not bonded: $(device_prop hci0 "$central" Bonded)"; return 1; }
+    until_true 60 sh -c "grep -Eq '^\[(Peripheral)?LongTermKey\]' /var/lib/bluetooth/$board/$central/info" \
+        || { echo "no key stored: $(cat "/var/lib/bluetooth/$board/$central/info" 2>&1 | grep '^\[' | tr '\n' ' ')"; return 1; }
+    cli enable 0 on || return 1
+    # 1700 µs: 348 counts (0x15C; 348.37 at PRE_SCALE 121's 50.03 Hz).
+    write_over_the_air "$board" 700 0x5c || return 1
+    mkdir -p "$state"
+    printf 'BOARD=%s\nCENTRAL=%s\nKEY=%s\n' "$board" "$central" "$(bond_key "$board" "$central")" >"$state/bond"
+}
+check k1 "hci1 pairs with the board (ble.security: encrypted, just works), both sides bonded, its write over the air moves servo 0" bond
+
+# --- (w) the watchdog chain ---------------------------------------------------------------
+armed() {
+    local dev=/sys/class/watchdog/watchdog0
+    [ "$(systemctl show -P RuntimeWatchdogUSec)" = 15s ] || { echo "RuntimeWatchdogUSec $(systemctl show -P RuntimeWatchdogUSec)"; return 1; }
+    [ "$(cat $dev/state)" = active ] && [ "$(cat $dev/timeout)" = 15 ] || { echo "$(cat $dev/identity): $(cat $dev/state), $(cat $dev/timeout) s"; return 1; }
+    echo "$(cat $dev/identity)"
+}
+check w1 "systemd feeds the hardware watchdog (the image's RuntimeWatchdogSec=15s; watchdog0 active, 15 s)" armed
+info "watchdog device: $(cat "$work/why")"
+safe_outputs_enabled() {
+    [ "$(systemctl is-enabled blecontrol-safe-outputs.service)" = enabled ] || return 1
+    [ "$(unit_us blecontrol-safe-outputs.service Result)" = success ] || return 1
+    [ "$(unit_us blecontrol-safe-outputs.service ExecMainExitTimestampMonotonic)" -lt "$(unit_us bluetooth.service ExecMainStartTimestampMonotonic)" ]
+}
+check w2 "blecontrol-safe-outputs.service (the package's) enabled, ran on this boot before bluetoothd" safe_outputs_enabled
+doctor_system() {
+    blecontrol doctor >"$work/doctor.txt" 2>&1
+    sed -n '/^System$/,/^$/p' "$work/doctor.txt" >"$work/doctor-system.txt"
+    ! grep -Eq '^ *(WARN|FAIL)' "$work/doctor-system.txt" || { grep -E '^ *(WARN|FAIL)' "$work/doctor-system.txt"; return 1; }
+    for want in 'OK +systemd watchdog: RuntimeWatchdogSec=15s' 'OK +blecontrol-safe-outputs.service: enabled' \
+        'OK +journal limit: SystemMaxUse=64M' 'OK +/: ext4' 'OK +ext4 .*: no errors recorded'; do
+        grep -Eq "$want" "$work/doctor-system.txt" || { echo "no line like '$want'"; cat "$work/doctor-system.txt"; return 1; }
+    done
+}
+check d1 "blecontrol doctor on the image: the watchdog armed, the boot-time all-off enabled, the journal's limit, the file systems; no warning" doctor_system
+# A panic with kernel.panic = 0 (Debian's) halts for good: only the
+# hardware watchdog can reset it. Outputs live when it hangs: what the
+# chip holds through the reset is saved for setup.sh to put back.
+if [ "${KEEP:-0}" != 1 ] && [ -n "$BUS" ] && [ "$(cat /proc/sys/kernel/panic)" = 0 ]; then
+    if move_servo; then
+        # On the chip, ALL_LED_OFF_H is a write to every LEDn_OFF_H at
+        # once (datasheet §7.3.4), not a register that stays set; the stub
+        # keeps it, so it is cleared as the chip would show it: live.
+        poke 0x40 0xfd 0x00
+        mkdir -p "$state"
+        i2cdump -y "$BUS" 0x40 b >"$state/held-registers" 2>&1
+        touch "$state/hung"
+        logger -t blecontrol-test "hanging the kernel now (servo 0 at 1500 µs)"
+        journalctl --sync
+        {
+            echo "=== boot 1: blecontrol status"; cat "$work/status.txt"
+            echo "=== blecontrol doctor"; cat "$work/doctor.txt"
+            echo "=== systemd-analyze security"; cat "$work/security.txt"
+            echo "=== /etc/blecontrol/board.yaml (test)"; cat /etc/blecontrol/board.yaml
+            echo "=== config.txt"; cat /boot/firmware/config.txt
+            echo "=== cmdline.txt"; cat /boot/firmware/cmdline.txt
+            [ ! -f "$work/btmon-failed.txt" ] || { echo "=== btmon of the failed pairing"; cat "$work/btmon-failed.txt"; }
+            echo "=== boot 1: journal"; journalctl -b --no-pager -o short-monotonic
+        } >/dev/virtio-ports/blecontrol.logs 2>&1
+        send_versions
+        sync
+        record "HANG kernel (servo 0 live at 1500 µs)"
+        echo c >/proc/sysrq-trigger
+        sleep infinity
+    fi
+    fail w9 "the watchdog chain" "the servo did not move before the hang"
+else
+    info "watchdog reset not tried (KEEP=1, no stub bus, or kernel.panic=$(cat /proc/sys/kernel/panic))"
+fi
+
 # --- logs for the host ------------------------------------------------------------------------
 {
     echo "=== blecontrol status"; cat "$work/status.txt"
@@ -345,4 +657,5 @@ check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
 } >/dev/virtio-ports/blecontrol.logs 2>&1
 # KEEP=1 (BLECONTROL_IMAGE_KEEP=1): the guest stays up for a look over SSH.
 [ "${KEEP:-0}" != 1 ] || touch "$work/keep"
+send_versions
 record "DONE"

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""TEST ONLY: the image's SD card after a power cut at every flush.
+
+Tests/Image/run boots the test copy of the image through QEMU's
+blklogwrites block driver, which records every write the guest makes to
+its disk, and every flush, in the dm-log-writes format (QEMU
+block/blklogwrites.c; the Linux target is Documentation/admin-guide/
+device-mapper/log-writes.rst). What a card holds after its power is cut
+is, at worst, what had reached it at the last flush the guest asked for:
+this replays the log onto the copy as it was before the first boot, entry
+by entry, and at each flush point (every one, or --max-states of them
+spread evenly) checks that state as the next boot would find it:
+
+  - the root file system (ext4) is repaired without a human:
+    `e2fsck -p` ends with 0-3 (never 4 "left uncorrected"), and a forced
+    read-only check afterwards finds nothing;
+  - the boot partition (FAT), when it was written since the last check:
+    `fsck.fat -a` repairs a copy, and `fsck.fat -n` then finds nothing;
+  - /etc/blecontrol/board.yaml is one whole version of the file (one of
+    those the guest wrote, or the image's), never a half-written one;
+  - the first boot is done or not started for each of its parts: no
+    account with an empty password field in /etc/shadow, every SSH host
+    key present is a whole key (ssh-keygen reads it), and an administrator
+    the first boot made has their key, unless the boot partition still
+    holds authorized_keys for the next boot to finish with.
+
+Each state is checked on a sparse copy of each partition (in /dev/shm:
+a memory copy of the data blocks), so the repairs never reach the replay.
+(Linux's dm-log-writes and dm-thin snapshots need a device mapper; this
+host's kernel has none, so the log comes from QEMU and the snapshots are
+copies. e2fsck's own undo files cannot stand in: e2fsck re-opens the file
+system after replaying its journal and then refuses its own undo file.)
+
+Prints one line per state checked, then a summary; exits 1 when any state
+fails a check. Standard library only.
+"""
+
+import argparse
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+MAGIC = 0x6A736677736872
+FLUSH, FUA, DISCARD, MARK = 1, 2, 4, 8
+SUPER = struct.Struct("<QQQI")
+ENTRY = struct.Struct("<QQQQ")
+
+
+def entries(log):
+    """(sector, sectors, flags, data offset in the log or None) of each logged request, in order."""
+    with open(log, "rb") as f:
+        magic, version, count, sectorsize = SUPER.unpack(f.read(SUPER.size))
+        if magic != MAGIC or version != 1:
+            raise SystemExit("crash-states: %s is not a dm-log-writes log (magic %x, version %d)" % (log, magic, version))
+        position = sectorsize
+        for _ in range(count):
+            f.seek(position)
+            sector, sectors, flags, _length = ENTRY.unpack(f.read(ENTRY.size))
+            position += sectorsize
+            if flags & (FLUSH | DISCARD | MARK):
+                yield sector * sectorsize, sectors * sectorsize, flags, None
+            else:
+                yield sector * sectorsize, sectors * sectorsize, flags, position
+                position += sectors * sectorsize
+
+
+def run(*command, stdin=None):
+    result = subprocess.run(command, input=stdin, capture_output=True)
+    return result.returncode, result.stdout, result.stderr
+
+
+class Disk:
+    """The replay target: the boot and root partitions of the disk before the
+    first boot, as two sparse files, and what they hold now."""
+
+    def __init__(self, path, root, boot, boot_size, work, scratch):
+        self.boot, self.boot_size, self.root, self.work, self.scratch = boot, boot_size, root, work, scratch
+        size = os.path.getsize(path)
+        self.root_size = size - root
+        self.boot_path = os.path.join(work, "boot-partition.img")
+        self.root_path = os.path.join(work, "root-partition.img")
+        copy_range(path, boot, boot_size, self.boot_path)
+        copy_range(path, root, self.root_size, self.root_path)
+        self.boot_fd = os.open(self.boot_path, os.O_RDWR)
+        self.root_fd = os.open(self.root_path, os.O_RDWR)
+
+    def apply(self, log, offset, length, flags, data_at):
+        """Applies one logged request; says which partitions it touched."""
+        if data_at is None and not flags & DISCARD:
+            return set()
+        if data_at is None:
+            # A discarded range may read back as anything: zeros, the
+            # worst case for what was there.
+            data = bytes(length)
+        else:
+            log.seek(data_at)
+            data = log.read(length)
+        touched = set()
+        for name, fd, start, size in (("boot", self.boot_fd, self.boot, self.boot_size), ("root", self.root_fd, self.root, self.root_size)):
+            first, last = max(offset, start), min(offset + length, start + size)
+            if first < last:
+                os.pwrite(fd, data[first - offset:last - offset], first - start)
+                touched.add(name)
+        return touched
+
+    def boot_has(self, name):
+        code, _, _ = run("mdir", "-b", "-i", self.boot_path, "::/" + name)
+        return code == 0
+
+
+def copy_range(source, offset, length, target):
+    """Bytes [offset, offset + length) of source into a new sparse file."""
+    with open(source, "rb") as f, open(target, "wb") as t:
+        f.seek(offset)
+        left = length
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            if chunk.count(0) == len(chunk):
+                t.seek(len(chunk), os.SEEK_CUR)
+            else:
+                t.write(chunk)
+            left -= len(chunk)
+        t.truncate(length)
+
+
+def files_of(image, work):
+    """The files the checks read, out of an ext4 image, in one debugfs run."""
+    out = os.path.join(work, "files")
+    subprocess.run(["rm", "-rf", out])
+    os.makedirs(out)
+    commands = os.path.join(work, "debugfs.cmd")
+    with open(commands, "w") as f:
+        for directory in ("/etc/blecontrol", "/etc/ssh", "/home"):
+            f.write("rdump %s %s\n" % (directory, out))
+        for name in ("shadow", "passwd"):
+            f.write("dump /etc/%s %s/%s\n" % (name, out, name))
+    run("debugfs", "-f", commands, image)
+    return out
+
+
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def check_root(disk, versions):
+    """Problems of the root file system as the next boot finds it (empty: none),
+    checked on a copy of it (e2fsck repairs the copy)."""
+    problems = []
+    state = os.path.join(disk.scratch, "root-state.img")
+    subprocess.run(["cp", "--sparse=always", disk.root_path, state], check=True)
+    try:
+        code, out, err = run("e2fsck", "-fp", state)
+        if code >= 4:
+            problems.append("e2fsck -p left errors (exit %d): %s" % (code, (out + err).decode(errors="replace").strip().splitlines()[-2:]))
+            return problems
+        again, out, _ = run("e2fsck", "-fn", state)
+        if again != 0:
+            problems.append("not clean after e2fsck -p (e2fsck -fn exit %d): %s" % (again, out.decode(errors="replace").strip().splitlines()[-2:]))
+        files = files_of(state, disk.work)
+        board = read(os.path.join(files, "blecontrol", "board.yaml"))
+        if board is None or hashlib.sha256(board).hexdigest() not in versions:
+            name = os.path.join(disk.work, "board-%s.yaml" % hashlib.sha256(board or b"").hexdigest()[:12])
+            with open(name, "wb") as f:
+                f.write(board or b"")
+            problems.append("board.yaml is no whole version (%s, kept as %s)" % ("missing" if board is None else "%d bytes" % len(board), name))
+        shadow = (read(os.path.join(files, "shadow")) or b"").decode(errors="replace")
+        for line in shadow.splitlines():
+            fields = line.split(":")
+            if len(fields) > 1 and fields[1] == "":
+                problems.append("account %s has an empty password field" % fields[0])
+        if not shadow.strip():
+            problems.append("/etc/shadow is empty or missing")
+        ssh = os.path.join(files, "ssh")
+        for name in sorted(os.listdir(ssh)) if os.path.isdir(ssh) else []:
+            if name.startswith("ssh_host_") and name.endswith("_key"):
+                key = os.path.join(ssh, name)
+                os.chmod(key, 0o600)
+                code, _, _ = run("ssh-keygen", "-y", "-f", key)
+                if code != 0:
+                    problems.append("SSH host key %s is not a whole key (%d bytes)" % (name, os.path.getsize(key)))
+        # An administrator logs in with a key or a password hash; one the
+        # first boot made without either is only fine while the boot
+        # partition still has the files the next boot finishes from.
+        passwords = {fields[0]: fields[1] for fields in (line.split(":") for line in shadow.splitlines()) if len(fields) > 1}
+        passwd = (read(os.path.join(files, "passwd")) or b"").decode(errors="replace")
+        for line in passwd.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 7 and fields[4] == "BLEControl administrator" and fields[5].startswith("/home/"):
+                keys = read(os.path.join(files, "home", fields[5][len("/home/"):], ".ssh", "authorized_keys"))
+                if not (keys or b"").strip() and not passwords.get(fields[0], "").startswith("$") \
+                        and not disk.boot_has("authorized_keys") and not disk.boot_has("userconf.txt"):
+                    problems.append("administrator %s has neither a key nor a password, and the boot partition no longer has the files for the next boot" % fields[0])
+    finally:
+        os.unlink(state)
+    return problems
+
+
+def check_boot(disk):
+    """Problems of the FAT boot partition, repaired on a copy."""
+    copy = os.path.join(disk.scratch, "boot-state.img")
+    subprocess.run(["cp", "--sparse=always", disk.boot_path, copy], check=True)
+    problems = []
+    code, out, err = run("fsck.fat", "-a", "-w", copy)
+    if code not in (0, 1):
+        problems.append("fsck.fat -a failed (exit %d): %s" % (code, (out + err).decode(errors="replace").strip().splitlines()[-2:]))
+    else:
+        code, out, _ = run("fsck.fat", "-n", copy)
+        if code != 0:
+            problems.append("boot partition not clean after fsck.fat -a: %s" % out.decode(errors="replace").strip().splitlines()[-2:])
+    os.unlink(copy)
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--disk", required=True, help="copy of the disk before the first boot; replayed onto in place")
+    parser.add_argument("--log", required=True, help="the blklogwrites log of the boots")
+    parser.add_argument("--root-offset", type=int, required=True)
+    parser.add_argument("--boot-offset", type=int, required=True)
+    parser.add_argument("--boot-size", type=int, required=True)
+    parser.add_argument("--versions", required=True, help="directory of every board.yaml version the guest wrote")
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--scratch", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="where each state's copies are checked (default /dev/shm: in memory, fast)")
+    parser.add_argument("--max-states", type=int, default=0, help="check at most this many flush points, spread evenly (0: all)")
+    arguments = parser.parse_args()
+
+    versions = set()
+    for name in os.listdir(arguments.versions):
+        with open(os.path.join(arguments.versions, name), "rb") as f:
+            versions.add(hashlib.sha256(f.read()).hexdigest())
+    os.makedirs(arguments.work, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="crash-states-", dir=arguments.scratch or arguments.work)
+    disk = Disk(arguments.disk, arguments.root_offset, arguments.boot_offset, arguments.boot_size, arguments.work, scratch)
+    versions.add(hashlib.sha256(read(os.path.join(files_of(disk.root_path, arguments.work), "blecontrol", "board.yaml")) or b"").hexdigest())
+
+    # The flush points worth a look: a flush with writes before it.
+    requests = list(entries(arguments.log))
+    points, written = [], False
+    for index, (_, _, flags, _) in enumerate(requests):
+        if flags & FLUSH and written:
+            points.append(index)
+            written = False
+        elif not flags & FLUSH:
+            written = True
+    chosen = points
+    if arguments.max_states and len(points) > arguments.max_states:
+        step = len(points) / arguments.max_states
+        chosen = sorted({points[min(len(points) - 1, int(i * step + step / 2))] for i in range(arguments.max_states)})
+    print("crash-states: %d requests logged, %d flush points after writes, checking %d" % (len(requests), len(points), len(chosen)), flush=True)
+
+    failed = 0
+    boot_written = False
+    writes = 0
+    targets = set(chosen)
+    with open(arguments.log, "rb") as log:
+        for index, (offset, length, flags, data_at) in enumerate(requests):
+            touched = disk.apply(log, offset, length, flags, data_at)
+            if touched:
+                writes += 1
+                boot_written = boot_written or "boot" in touched
+            if index not in targets:
+                continue
+            problems = check_root(disk, versions)
+            boot_checked = boot_written
+            if boot_written:
+                problems += check_boot(disk)
+                boot_written = False
+            failed += bool(problems)
+            print("crash-states: state %d (flush at request %d, %d writes before it): %s%s%s" % (
+                chosen.index(index) + 1, index, writes, "FAIL" if problems else "ok", " (boot partition checked)" if boot_checked else "",
+                "".join("\n  - " + problem for problem in problems)), flush=True)
+    os.rmdir(scratch)
+    print("crash-states: %d states checked, %d failed" % (len(chosen), failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
