@@ -65,6 +65,10 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
     }
     var reloads = 0, reconnects = 0, frames = 0, value = 0
     var nextReload = reloadEvery, nextReconnect = reconnectEvery, nextSample = 0.0
+    // One control connection for the whole run: a quiet moment's count of
+    // descriptors then holds exactly it, never a status request's
+    // connection the daemon has not closed yet.
+    let control = try ControlLine(path: daemon.socket)
     var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.port)
     var enable: [UInt8] = []
     for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
@@ -82,7 +86,7 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             nextReconnect += reconnectEvery
             let deadline = ContinuousClock.now + .seconds(30)
             while ContinuousClock.now < deadline {
-                let status = try daemon.request(#"{"op":"status"}"#)["status"] as? [String: Any]
+                let status = try control.request(#"{"op":"status"}"#)["status"] as? [String: Any]
                 if ((status?["sessions"] as? [Any])?.count ?? 0) == 0 { break }
                 usleep(10_000)
             }
