@@ -222,6 +222,20 @@ after_watchdog_reset() {
         }
         check r5 "the bond survives the reboot: bonded before any connection, the central writes to FFE1 of the encrypted board with the same stored key" bond_kept
     fi
+    # The journal's limit, enforced: more than the limit of unique,
+    # incompressible lines (journald compresses and deduplicates), with
+    # the rate limit off for them alone.
+    journal_flood() {
+        local limit_kb=$((64 * 1024)) file_kb=$((8 * 1024)) used
+        systemd-run --wait -q -p LogRateLimitIntervalSec=0 -p StandardOutput=journal \
+            sh -c 'head -c 72M /dev/urandom | base64 -w 2000' || return 1
+        journalctl --sync
+        used=$(du -sk /var/log/journal | cut -f1)
+        info "journal flood: 96 MiB of lines logged; /var/log/journal holds $used kB (limit $limit_kb kB, files of $file_kb kB)"
+        [ "$used" -le $((limit_kb + file_kb)) ] || { echo "the journal holds $used kB, over the limit and one file"; return 1; }
+        is_active || { echo "blecontrold $(prop ActiveState) after the flood"; return 1; }
+    }
+    check j1 "journald keeps the card's journal within the image's limit when flooded (96 MiB of unique lines: at most 64 MiB and one 8 MiB file)" journal_flood
     check soak "a short soak under the real bluetoothd: the demo app's traffic over the air, bluetoothd restarted and the board reloaded in turn; every session served, no descriptor or thread kept" image_soak
     info "$(cat "$work/soak-summary" 2>/dev/null)"
     {
