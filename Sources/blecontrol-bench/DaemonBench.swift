@@ -55,6 +55,12 @@ final class DaemonProcess {
 
     var pid: Int32 { process.processIdentifier }
 
+    /// Open descriptors and threads of the daemon, now.
+    func descriptorsAndThreads() -> (descriptors: Int, threads: Int) {
+        func count(_ path: String) -> Int { (try? FileManager.default.contentsOfDirectory(atPath: path).count) ?? 0 }
+        return (count("/proc/\(pid)/fd"), count("/proc/\(pid)/task"))
+    }
+
     /// How much the daemon has logged so far.
     func logBytes() -> Int {
         ((try? FileManager.default.attributesOfItem(atPath: directory + "/daemon.log"))?[.size] as? Int) ?? 0

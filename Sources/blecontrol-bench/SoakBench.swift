@@ -41,10 +41,6 @@ func slopePerHour(_ times: [Double], _ values: [Double]) -> Double {
     return variance > 0 ? covariance / variance * 3600 : 0
 }
 
-func countEntries(_ path: String) -> Int {
-    (try? FileManager.default.contentsOfDirectory(atPath: path).count) ?? 0
-}
-
 func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, reconnectEvery: Double = 15) throws -> Bool {
     let board = EmbeddedBoards.simulator
     let variants = [board, board.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: 5")]
@@ -56,11 +52,15 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
     var samples: [SoakSample] = []
     var quiet: [(descriptors: Int, threads: Int)] = []
     let start = ContinuousClock.now
-    func elapsed() -> Double { Double((ContinuousClock.now - start).components.seconds) + Double((ContinuousClock.now - start).components.attoseconds) / 1e18 }
+    func elapsed() -> Double {
+        let (seconds, attoseconds) = (ContinuousClock.now - start).components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
     func sample() {
+        let held = daemon.descriptorsAndThreads()
         samples.append(SoakSample(
-            at: elapsed(), rss: daemon.memory().rss, descriptors: countEntries("/proc/\(daemon.pid)/fd"),
-            threads: countEntries("/proc/\(daemon.pid)/task"), logBytes: daemon.logBytes()
+            at: elapsed(), rss: daemon.memory().rss, descriptors: held.descriptors,
+            threads: held.threads, logBytes: daemon.logBytes()
         ))
     }
     var reloads = 0, reconnects = 0, frames = 0, value = 0
@@ -90,7 +90,7 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
                 if ((status?["sessions"] as? [Any])?.count ?? 0) == 0 { break }
                 usleep(10_000)
             }
-            quiet.append((countEntries("/proc/\(daemon.pid)/fd"), countEntries("/proc/\(daemon.pid)/task")))
+            quiet.append(daemon.descriptorsAndThreads())
             central = try LoopbackTCPClient(port: daemon.port)
             try central?.send(enable)
         }
