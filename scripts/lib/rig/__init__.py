@@ -1,0 +1,299 @@
+"""The test rigs' shared helpers: one place for what every rig program does.
+
+Used by the programs that build and boot things (scripts/build-image,
+scripts/check-swift-6.0, Tests/Image/run) and by the checks that run inside
+the VM (Tests/VM/guest.py, on the host's root file system). Standard library
+only: the rigs run on a bare Debian 12 with python3 and nothing else, and
+inside guests that have no virtual environment.
+
+A program imports it with
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[N] / "scripts/lib"))
+    import rig
+
+and runs its main through `rig.main("name", fn)`, so that a `rig.Failure`
+anywhere ends the program with "name: FAIL: why" and exit status 1, and
+nothing else is printed but the steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, NoReturn, Sequence
+
+REPO = Path(__file__).resolve().parents[3]
+"""The repository's top directory."""
+
+Command = Sequence["str | os.PathLike[str]"]
+
+
+class Failure(Exception):
+    """Ends the program (through `main`) or fails one check (through
+    `Results.check`), with its message as the reason."""
+
+
+# --- Steps, and the program's end --------------------------------------------
+
+class Steps:
+    """Prints `name: [   12s] what` lines: the elapsed time since the program
+    started, measured and printed, never asserted."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def __call__(self, what: str) -> None:
+        print(f"{self.name}: [{int(self.elapsed()):5d}s] {what}", flush=True)
+
+    def say(self, what: str) -> None:
+        """A line with the program's name and no time."""
+        print(f"{self.name}: {what}", flush=True)
+
+
+def die(why: str) -> NoReturn:
+    raise Failure(why)
+
+
+def main(name: str, fn: Callable[[], "int | None"]) -> NoReturn:
+    """Runs fn and exits with its status (0 for None); a Failure becomes
+    `name: FAIL: why` on standard error and status 1."""
+    try:
+        status = fn()
+    except Failure as failure:
+        print(f"{name}: FAIL: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    sys.exit(status or 0)
+
+
+def require_root() -> None:
+    """Runs the program again through `sudo -E` unless it is root already."""
+    if os.geteuid() != 0:
+        os.execvp("sudo", ["sudo", "-E", sys.executable, *sys.argv])
+
+
+# --- Commands ------------------------------------------------------------------
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def quote(cmd: Command) -> str:
+    return " ".join(shlex.quote(str(part)) for part in cmd)
+
+
+def run(cmd: Command, *, check: bool = True, capture: bool = False,
+        input: "str | bytes | None" = None, env: "dict[str, str] | None" = None,
+        cwd: "str | os.PathLike[str] | None" = None, timeout: "float | None" = None,
+        log: "str | os.PathLike[str] | None" = None) -> subprocess.CompletedProcess:
+    """Runs cmd (no shell). capture: standard output (text) in .stdout,
+    standard error in .stderr. log: both appended to that file instead.
+    check: a non-zero status raises Failure with the command and the end of
+    its output (or of the log). timeout is a guard against a hang only."""
+    kwargs: dict = {"env": env, "cwd": cwd, "timeout": timeout}
+    if isinstance(input, str):
+        kwargs["text"] = True
+    if input is not None:
+        kwargs["input"] = input
+    logfile = None
+    if log is not None:
+        logfile = open(log, "ab")
+        kwargs["stdout"] = logfile
+        kwargs["stderr"] = subprocess.STDOUT
+    elif capture:
+        kwargs["capture_output"] = True
+        kwargs["text"] = True
+        kwargs["errors"] = "replace"
+    try:
+        result = subprocess.run([str(part) for part in cmd], **kwargs)
+    except FileNotFoundError as error:
+        raise Failure(f"{quote(cmd)}: {error.strerror}: {error.filename}") from None
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{quote(cmd)}: still running after {timeout} s") from None
+    finally:
+        if logfile is not None:
+            logfile.close()
+    if check and result.returncode != 0:
+        if log is not None:
+            detail = _tail(Path(log).read_text(errors="replace"))
+        elif capture:
+            detail = _tail((result.stderr or "") + (result.stdout or ""))
+        else:
+            detail = ""
+        raise Failure(f"{quote(cmd)} exited with status {result.returncode}"
+                      + (f":\n{detail}" if detail else ""))
+    return result
+
+
+def output(cmd: Command, **kwargs) -> str:
+    """Standard output of cmd, stripped; a failure raises Failure."""
+    return run(cmd, capture=True, **kwargs).stdout.strip()
+
+
+def succeeds(cmd: Command, **kwargs) -> bool:
+    """Whether cmd exits 0 (its output discarded)."""
+    try:
+        return subprocess.run([str(p) for p in cmd], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, **kwargs).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def sh(script: str, *args: "str | os.PathLike[str]", **kwargs) -> subprocess.CompletedProcess:
+    """A piece of shell, with args as $1...: for pipelines that are glue."""
+    return run(["sh", "-ec", script, "sh", *args], **kwargs)
+
+
+def wait_until(predicate: Callable[[], bool], *, tries: int, interval: float = 0.5) -> bool:
+    """Whether predicate holds within `tries` tries, `interval` seconds apart.
+    The bound is a count, a guard against a hang: nothing here asserts a
+    duration (emulated machines on busy hosts are slow)."""
+    for attempt in range(tries):
+        if predicate():
+            return True
+        if attempt + 1 < tries:
+            time.sleep(interval)
+    return False
+
+
+# --- Dependencies and caches -----------------------------------------------------
+
+def install_deps(*tasks: str) -> None:
+    """scripts/install-deps TASK...: the Debian packages those tasks need
+    (scripts/lib/packages), installed when missing."""
+    run([REPO / "scripts/install-deps", *tasks])
+
+
+def digest(*parts: "str | bytes", files: Iterable["str | os.PathLike[str]"] = (),
+           length: int = 16) -> str:
+    """The first `length` hex digits of a SHA-256 over the parts and the
+    files' contents, in order: the key of a cache entry."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(part.encode() if isinstance(part, str) else part)
+    for name in files:
+        with open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(block)
+    return hasher.hexdigest()[:length]
+
+
+def file_sha256(path: "str | os.PathLike[str]") -> str:
+    """The whole SHA-256 of one file."""
+    return digest(files=[path], length=64)
+
+
+@contextlib.contextmanager
+def locked(path: "str | os.PathLike[str]", *, tries: int = 3600,
+           holder: str = "another run") -> Iterator[None]:
+    """Holds an exclusive flock on path (made if missing) for the block; a
+    second run of the same rig waits its turn (tries: one a second)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        def take() -> bool:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+        if not wait_until(take, tries=tries, interval=1.0):
+            die(f"{holder} holds {path}")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def private_apt(directory: "str | os.PathLike[str]", native: str, architectures: str,
+                sources: str) -> dict[str, str]:
+    """An apt configuration apart from the host's (scripts/lib/private-apt.sh,
+    the one implementation, shared with scripts/arm64/sdk.sh), updated;
+    returns the environment that uses it (APT_CONFIG)."""
+    sh('. "$1/scripts/lib/private-apt.sh"; private_apt "$2" "$3" "$4"',
+       REPO, directory, native, architectures, input=sources)
+    return {**os.environ, "APT_CONFIG": str(Path(directory) / "apt.conf")}
+
+
+# --- Checks ----------------------------------------------------------------------
+
+class Results:
+    """Check results, one line each, in the rigs' one format:
+
+        PASS id: what
+        FAIL id: what: why
+        INFO figures (measured, never asserted)
+
+    written to `path` (and, when given, to `also`, e.g. a virtio port) as
+    they happen, and echoed to standard output."""
+
+    def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
+                 append: bool = False, also: "str | os.PathLike[str] | None" = None) -> None:
+        self.passed = 0
+        self.failed: list[str] = []
+        self._files = []
+        if path is not None:
+            self._files.append(open(path, "a" if append else "w", buffering=1))
+        if also is not None:
+            self._files.append(open(also, "w", buffering=1))
+
+    def record(self, line: str) -> None:
+        for handle in self._files:
+            handle.write(line + "\n")
+        print(line, flush=True)
+
+    def passes(self, check_id: str, what: str) -> None:
+        self.passed += 1
+        self.record(f"PASS {check_id}: {what}")
+
+    def fails(self, check_id: str, what: str, why: str = "") -> None:
+        self.failed.append(check_id)
+        why = " ".join(why.split())
+        self.record(f"FAIL {check_id}: {what}" + (f": {why}" if why else ""))
+
+    def info(self, text: str) -> None:
+        self.record(f"INFO {text}")
+
+    def check(self, check_id: str, what: str, fn: Callable[..., object], *args, **kwargs) -> bool:
+        """Runs fn: it passes when it returns None or True, fails when it
+        returns False or a string (the why) or raises Failure (its message is
+        the why). Any other exception fails the check too, with its type:
+        one broken check never ends the rest."""
+        try:
+            outcome = fn(*args, **kwargs)
+        except Failure as failure:
+            outcome = str(failure) or "failed"
+        except Exception as error:  # noqa: BLE001 - a check's bug is its failure
+            outcome = f"{type(error).__name__}: {error}"
+        if outcome is None or outcome is True:
+            self.passes(check_id, what)
+            return True
+        self.fails(check_id, what, "" if outcome is False else str(outcome))
+        return False
+
+    def close(self) -> None:
+        for handle in self._files:
+            handle.close()
+        self._files = []
+
+
+def read_results(path: "str | os.PathLike[str]") -> tuple[list[str], list[str]]:
+    """The PASS and FAIL lines of a results file (missing: none)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return [], []
+    return ([line for line in lines if line.startswith("PASS ")],
+            [line for line in lines if line.startswith("FAIL ")])
