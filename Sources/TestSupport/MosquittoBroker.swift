@@ -270,7 +270,9 @@ public final class MosquittoSubscriber: @unchecked Sendable {
             + (topics + ["blecontrol/test/probe"]).flatMap { ["-t", $0] }
         process.standardOutput = pipe
         process.standardError = FileHandle.nullDevice
-        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+        // @Sendable spelled out: Swift 6.0.3 does not infer it for a closure
+        // stored into a @Sendable property and rejects the conversion.
+        pipe.fileHandleForReading.readabilityHandler = { @Sendable [weak self] handle in
             let data = handle.availableData
             guard let self else { return }
             self.lock.withLock { self.text += String(decoding: data, as: UTF8.self) }
