@@ -23,6 +23,8 @@ import fcntl
 import hashlib
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -67,7 +69,11 @@ def die(why: str) -> NoReturn:
 
 def main(name: str, fn: Callable[[], "int | None"]) -> NoReturn:
     """Runs fn and exits with its status (0 for None); a Failure becomes
-    `name: FAIL: why` on standard error and status 1."""
+    `name: FAIL: why` on standard error and status 1. SIGTERM is taken as
+    Ctrl-C (KeyboardInterrupt): CI's timeout or a kill ends a rig through its
+    `finally` blocks and `with` statements, so it leaves no QEMU running and
+    nothing mounted, and exits 130 with `name: interrupted`."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         status = fn()
     except Failure as failure:
@@ -89,6 +95,26 @@ def require_root() -> None:
 
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def last_lines(text: str, count: int = 3) -> str:
+    """The last `count` lines of text, on one line: a check's why."""
+    return " ".join(text.rstrip("\n").splitlines()[-count:])
+
+
+def env(name: str, default: str) -> str:
+    """The variable's value, or default when it is unset or empty (the
+    shell's ${NAME:-default})."""
+    return os.environ.get(name) or default
+
+
+def remove(*paths: "str | os.PathLike[str]") -> None:
+    """rm -rf: files, links (never followed) and trees; missing is fine."""
+    for path in map(Path, paths):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 def quote(cmd: Command) -> str:
@@ -237,10 +263,13 @@ class Results:
         INFO figures (measured, never asserted)
 
     written to `path` (and, when given, to `also`, e.g. a virtio port) as
-    they happen, and echoed to standard output."""
+    they happen, and echoed to standard output (unless echo is False: a rig
+    that prints every result in one list at its end)."""
 
     def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
-                 append: bool = False, also: "str | os.PathLike[str] | None" = None) -> None:
+                 append: bool = False, also: "str | os.PathLike[str] | None" = None,
+                 echo: bool = True) -> None:
+        self.echo = echo
         self.passed = 0
         self.failed: list[str] = []
         self._files = []
@@ -252,7 +281,8 @@ class Results:
     def record(self, line: str) -> None:
         for handle in self._files:
             handle.write(line + "\n")
-        print(line, flush=True)
+        if self.echo:
+            print(line, flush=True)
 
     def passes(self, check_id: str, what: str) -> None:
         self.passed += 1
