@@ -87,7 +87,15 @@ public final class MosquittoBroker: @unchecked Sendable {
         topic read homeassistant/#
 
         """.write(toFile: "\(directory)/acl", atomically: true, encoding: .utf8)
+        // 2.0.21 warns that a later version will refuse an ACL file others can read.
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: "\(directory)/acl")
+        // Started as root (CI, the VM), mosquitto drops to its own user
+        // before it reads the password file; 2.0.21 (Debian 13) then cannot
+        // open the files this test made and exits, where 2.0.11 (Debian 12)
+        // read them first. `user root` keeps it as the test's user.
+        let runAs = getuid() == 0 ? "user root" : ""
         try """
+        \(runAs)
         listener \(port) 127.0.0.1
         allow_anonymous false
         password_file \(directory)/passwords
