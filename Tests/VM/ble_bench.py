@@ -336,7 +336,7 @@ async def run_peer(device, central):
     stopped = await central.wait_for(lambda: not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX", 15)
     central.record(bool(stopped), "v19", "daemon stops on SIGTERM within 15 s (before the peer's turn)")
     with open(pidfile, "w") as f:
-        f.write("0")  # nothing left for ble-guest.sh to stop
+        f.write("0")  # nothing left for ble_guest.py to stop
     path = "/run/blecontrol-vm/ble/peer.sock"
     log = open(os.path.join(out, "ble-peer.log"), "w")
     name = "BLEControl-Peer"

@@ -411,7 +411,7 @@ async def start_bluetoothd(args, log_name):
 
 async def switch_bluetoothd(trixie):
     """Debian 13's bluetoothd (5.82, chrooted in $TRIXIE_ROOT, which
-    ble-guest.sh has mounted /proc, /sys, /dev, a /run with the VM's system
+    ble_guest.py has mounted /proc, /sys, /dev, a /run with the VM's system
     bus and an empty /var/lib/bluetooth into) in place of Debian 12's, or
     back; started with the package's drop-in arguments."""
     global BLUETOOTHD, BLUEZ_VERSION, TAG
@@ -590,7 +590,7 @@ def daemon_log(name):
 
 async def restart_daemon(board, log_name):
     """Stops the daemon (SIGTERM) and starts it again with BOARD; waits until
-    it advertises. The pid goes to $DAEMON_PIDFILE for ble-guest.sh."""
+    it advertises. The pid goes to $DAEMON_PIDFILE for ble_guest.py."""
     pidfile = os.environ["DAEMON_PIDFILE"]
     pid = int(open(pidfile).read().strip())
     # 0: the peer benchmark stopped it already (and kill(0) would signal
@@ -703,7 +703,7 @@ async def main():
             open(ready, "w").close()
         say("hci%s held; waiting for the daemon" % HCI)
         phases = sys.argv[1:] or ["scenario", "restart"]
-        # ble-guest.sh starts the bus, bluetoothd and the daemon once hci1 is
+        # ble_guest.py starts the bus, bluetoothd and the daemon once hci1 is
         # held: every phase starts with them there. Bounded at 180 s (a guard
         # against a hang: on a busy machine the daemon may wait that long for
         # bluetoothd to list hci0).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs inside the VM, after guest.sh has set up the i2c-stub bus (item 6 of
+# Runs inside the VM, after guest.py has set up the i2c-stub bus (item 6 of
 # issue 3): the same servo and LCD workload through Adafruit's CircuitPython
 # PCA9685 library (Blinka), RPLCD (smbus2) and our daemon, counted with the
 # kernel's i2c/smbus tracepoints. Writes OUT/peers-table.txt and
