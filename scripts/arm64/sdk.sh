@@ -287,10 +287,28 @@ arm64_make_run_root() { # DIR SUITE PACKAGES...
     arm64_merge_usr "$dir"
 }
 
+# The extract variant runs no maintainer script and so no ldconfig trigger:
+# a library whose package ships only its versioned file (sid's
+# libpicohttpparser.so.1.2, which libmosquitto.so.1 needs) has no link by
+# its SONAME, the name the loader looks for. readelf reads arm64 ELF here.
+arm64_soname_links() { # ROOT
+    for lib in "$1"/usr/lib/aarch64-linux-gnu/*.so.*; do
+        if [ -L "$lib" ] || [ ! -f "$lib" ]; then continue; fi
+        soname=$(readelf -d "$lib" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')
+        if [ -n "$soname" ] && [ ! -e "${lib%/*}/$soname" ]; then
+            ln -s "${lib##*/}" "${lib%/*}/$soname"
+        fi
+    done
+}
+
 arm64_make_run_roots() { # DIR
     arm64_make_run_root "$1/bookworm" bookworm $arm64_run_packages
     arm64_make_run_root "$1/trixie" trixie $arm64_run_packages
-    arm64_make_run_root "$1/sid-swift" sid "libswiftlang=$arm64_swift_version" libdbus-1-3
+    # libmosquitto1: the library the daemon opens for transports.mqtt, so
+    # the MQTT suites run on arm64 too (the broker and its clients are the
+    # host's own, run natively).
+    arm64_make_run_root "$1/sid-swift" sid "libswiftlang=$arm64_swift_version" libdbus-1-3 libmosquitto1
+    arm64_soname_links "$1/sid-swift"
 }
 
 # Makes $cache_root/<hash> if it is not complete yet; sets $arm64_dir.
