@@ -29,7 +29,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True  # the root file system is read-only here
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vmrig import (Daemon, GpioSim, I2CBus, SYSTEM_PATH, command_why, mount,  # noqa: E402
-                   read_env_file, rig, run_logged, signal_pid, status_holds, tail)
+                   read_env_file, rig, signal_pid, status_holds, tail)
 
 WORK = Path("/run/blecontrol-vm")
 
@@ -71,7 +71,7 @@ class Guest:
     # crash or hang.
     def rpi_board_fails_clearly(self) -> "str | None":
         log = self.out / "daemon-rpi.log"
-        status = run_logged(["timeout", "30", self.daemon_bin, "--board", self.repo / "board/raspberry-pi.yaml",
+        status = rig.run_logged(["timeout", "30", self.daemon_bin, "--board", self.repo / "board/raspberry-pi.yaml",
                              "--socket", WORK / "rpi.sock"], log)
         if not 1 <= status < 124:
             return f"exit status {status}: {tail(log, 2)}"
@@ -125,7 +125,7 @@ class Guest:
                    lambda: bus.set(0x40, 0x30, 0x01, 0x02, 0x03, mode="i") and bus.value(0x40, 0x32) == 3)
         self.check("a4", "absent address 0x26 does not acknowledge", lambda: not bus.acknowledges(0x26, 0x00))
         funcs = self.out / "i2c-funcs.txt"
-        run_logged(["i2cdetect", "-F", bus.number], funcs)
+        rig.run_logged(["i2cdetect", "-F", bus.number], funcs)
         # The stub is SMBus only: our backend must fall back from I2C_RDWR.
         self.check("a5", "stub adapter lacks plain I2C (the daemon must use its SMBus fallback)",
                    lambda: re.search(r"^I2C +no", funcs.read_text(), re.M) is not None)
@@ -359,7 +359,7 @@ control:
             self.results.fails("d6", "doctor against a running daemon", why)
         else:
             doctor = self.out / "doctor.txt"
-            run_logged([self.cli_bin, "doctor", "--board", board, "--socket", self.socket], doctor)
+            rig.run_logged([self.cli_bin, "doctor", "--board", board, "--socket", self.socket], doctor)
 
             def doctor_sees_devices() -> "str | None":
                 text = doctor.read_text(errors="replace")
@@ -376,7 +376,7 @@ control:
         if os.access(bundle, os.X_OK):
             log = self.out / "linux-hardware-tests.log"
             sysfs = self.sim.sysfs()
-            run_logged([bundle, "--testing-library", "swift-testing", "--filter", "LinuxHardwareTests"],
+            rig.run_logged([bundle, "--testing-library", "swift-testing", "--filter", "LinuxHardwareTests"],
                        log, env={
                         **os.environ, "BLC_TEST_I2C_BUS": f"/dev/i2c-{bus.number}",
                         "BLC_TEST_GPIOSIM_CHIP": f"/dev/{self.sim.chip}", "BLC_TEST_GPIOSIM_SYSFS": str(sysfs),
@@ -577,14 +577,14 @@ control:
         self.check("f3", "… and leaves the chip at 0x40 alone (LED0_OFF_L unchanged)",
                    lambda: bus.expect(0x40, 0x08, before) if before is not None else "LED0_OFF_L unreadable before")
         doctor = self.out / "doctor-two-chips.txt"
-        run_logged([self.cli_bin, "doctor", "--board", board, "--socket", self.socket], doctor)
+        rig.run_logged([self.cli_bin, "doctor", "--board", board, "--socket", self.socket], doctor)
         self.check("f4", "doctor probes both chips", lambda: all(
             re.search(pattern, doctor.read_text(), re.M) for pattern in (r"^ *OK +PCA9685 0x40", r"^ *OK +PCA9685 0x41")))
         self.daemon.kill()
         bus.set(0x40, 0xfd, 0x00)
         bus.set(0x41, 0xfd, 0x00)
         safe = WORK / "safe.txt"
-        run_logged([self.daemon_bin, "safe-outputs", "--board", board], safe)
+        rig.run_logged([self.daemon_bin, "safe-outputs", "--board", board], safe)
         self.check("f5", "safe-outputs after kill -9 switches both chips off (0xFD = 0x10 at 0x40 and 0x41)",
                    lambda: None if both_all_off() else (tail(safe) or False))
 
@@ -594,7 +594,7 @@ control:
         log = self.out / "peers.log"
         board = str(self.board) if self.board.is_file() else ""
         env = {**os.environ, "BUS": self.bus.number if self.bus else "", "BOARD": board}
-        status = run_logged([self.repo / "Tests/VM/peers.sh", self.out], log, env=env)
+        status = rig.run_logged([self.repo / "Tests/VM/peers.sh", self.out], log, env=env)
         if status == 0:
             self.results.passes("c", "peer comparison ran (table in peers-table.txt)")
         else:
@@ -605,7 +605,7 @@ control:
     def run_ble(self) -> None:
         say("BLE checks")
         log = self.out / "ble-guest.log"
-        status = run_logged([sys.executable, self.repo / "Tests/VM/ble_guest.py", self.out], log)
+        status = rig.run_logged([sys.executable, self.repo / "Tests/VM/ble_guest.py", self.out], log)
         if status != 0:
             self.results.fails("ble", "BLE checks ran to their end", f"exit {status}, see ble-guest.log: {tail(log, 2)}")
 
@@ -656,7 +656,7 @@ control:
         if self.ble:
             self.run_ble()
 
-        run_logged(["dmesg"], self.out / "dmesg.txt")
+        rig.run_logged(["dmesg"], self.out / "dmesg.txt")
         (self.out / "guest-done").touch()
         os.sync()
         _, failed = rig.read_results(self.results_path)

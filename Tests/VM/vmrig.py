@@ -1,6 +1,6 @@
 """The VM tier's helpers, shared by Tests/VM/guest.py and Tests/VM/ble_guest.py.
 
-Generic pieces another rig could use too (candidates for scripts/lib/rig):
+What the VM's checks need beyond scripts/lib/rig (which they use too):
   - read_env_file: a shell file of KEY='value' lines, read without a shell
   - tail, command_why: the end of a log or of a command's output as a check's why
   - alive, signal_pid: processes known by pid only
@@ -30,7 +30,7 @@ import rig  # noqa: E402
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-# --- Generic (candidates for the library) ------------------------------------
+# --- The guest's machine: files, processes, the stub bus, gpio-sim -------------
 
 def read_env_file(path: "str | os.PathLike[str]") -> dict[str, str]:
     """The KEY='value' lines of a shell file (Tests/VM/run's guest.env), read
@@ -57,19 +57,12 @@ def tail(path: "str | os.PathLike[str]", lines: int = 3) -> str:
     return rig.last_lines(text, lines)
 
 
-def run_logged(cmd: rig.Command, log: "str | os.PathLike[str]", **kwargs) -> int:
-    """Runs cmd with its output (both streams) in log, replaced: `cmd > log 2>&1`.
-    Returns its exit status."""
-    Path(log).write_bytes(b"")
-    return rig.run(cmd, check=False, log=log, **kwargs).returncode
-
-
 def command_why(cmd: rig.Command, *, env: "dict[str, str] | None" = None,
                 log: "str | os.PathLike[str] | None" = None) -> "str | None":
     """Runs cmd: None when it exits 0, else the end of its output (or of
     log, where its output went) as the why."""
     if log is not None:
-        status = run_logged(cmd, log, env=env)
+        status = rig.run_logged(cmd, log, env=env)
         output = Path(log).read_text(errors="replace")
     else:
         result = rig.run(cmd, check=False, capture=True, env=env)
@@ -266,8 +259,7 @@ class Daemon:
             process.wait()
             return f"still running {tries // 10} s after {signal.Signals(sig).name}"
         if process.returncode != 0:
-            # As a shell reports it: 128 + the signal that ended it.
-            status = process.returncode if process.returncode > 0 else 128 - process.returncode
+            status = rig.shell_status(process.returncode)
             return f"exit status {status}" + (
                 "" if sig == signal.SIGTERM else f" after {signal.Signals(sig).name}")
         return None

@@ -164,6 +164,19 @@ def run(cmd: Command, *, check: bool = True, capture: bool = False,
     return result
 
 
+def shell_status(returncode: int) -> int:
+    """An exit status as a shell reports it: 128+N for a process killed by
+    signal N (subprocess says -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_logged(cmd: Command, log: "str | os.PathLike[str]", **kwargs) -> int:
+    """`cmd > log 2>&1`: the log made anew; returns the exit status (shell
+    style), never raises for a failing command."""
+    Path(log).write_bytes(b"")
+    return shell_status(run(cmd, check=False, log=log, **kwargs).returncode)
+
+
 def output(cmd: Command, **kwargs) -> str:
     """Standard output of cmd, stripped; a failure raises Failure."""
     return run(cmd, capture=True, **kwargs).stdout.strip()
