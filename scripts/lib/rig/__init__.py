@@ -145,8 +145,8 @@ def run(cmd: Command, *, check: bool = True, capture: bool = False,
         kwargs["errors"] = "replace"
     try:
         result = subprocess.run([str(part) for part in cmd], **kwargs)
-    except FileNotFoundError as error:
-        raise Failure(f"{quote(cmd)}: {error.strerror}: {error.filename}") from None
+    except OSError as error:  # missing, not executable, no memory to fork...
+        raise Failure(f"{quote(cmd)}: {error.strerror}" + (f": {error.filename}" if error.filename else "")) from None
     except subprocess.TimeoutExpired:
         raise Failure(f"{quote(cmd)}: still running after {timeout} s") from None
     finally:
