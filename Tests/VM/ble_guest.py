@@ -286,6 +286,12 @@ class BleGuest:
             self.results.record(line)
         if not lines:
             self.results.fails("ble-central-done", "central printed results", tail(self.out / "ble-central.log"))
+        # It exits 1 after a FAIL it printed; any other end (a signal, an
+        # exception outside its phases) loses the checks it did not reach.
+        status = rig.shell_status(central.returncode)
+        if status not in (0, 1) or (status == 1 and not any(line.startswith("FAIL") for line in lines)):
+            self.results.fails("ble-central-done", "central ran to its end",
+                               f"exit status {status}: {tail(self.out / 'ble-central.log', 2)}")
         (self.out / "status-ble.json").write_text(self.status_text() or "")
 
     def stop_daemon(self) -> None:
@@ -352,6 +358,11 @@ class BleGuest:
                     self.results.record(f"FIGURE blecontrol --ble (bluetoothd): {line.removeprefix('FIGURE: ')}")
             if not re.search(r"^(PASS|FAIL)", result.stdout, re.M):
                 self.results.fails(f"c-{phase}", f"cli_central.py {phase} printed nothing", tail(self.out / f"cli-{phase}.log"))
+            elif result.returncode != 0:
+                # It prints FAIL lines and exits 0; anything else is a crash
+                # part-way, the checks after it never run.
+                self.results.fails(f"c-{phase}", f"cli_central.py {phase} ran to its end",
+                                   f"exit status {rig.shell_status(result.returncode)}: {tail(self.out / f'cli-{phase}.log')}")
         daemon.terminate()
         daemon.wait()
 

@@ -238,6 +238,9 @@ class Daemon:
             if self.answers():
                 return None
             time.sleep(0.1)
+        # Not left running: it would hold the board's lock, and every later
+        # start would fail as "already runs this board" instead of its own way.
+        self.kill()
         return f"control socket did not answer within {tries // 10} s: {tail(log, 2)}"
 
     @property
@@ -293,6 +296,8 @@ def status_holds(daemon: Daemon, expression: str, *, tries: int = 1,
             return False
         try:
             return bool(eval(expression, {}, {"s": last}))  # noqa: S307 - our own expressions
+        except (NameError, SyntaxError):
+            raise  # a typo in the check, not a status: the check fails, named
         except Exception:  # noqa: BLE001 - a missing key: not true (yet)
             return False
 
