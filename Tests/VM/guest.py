@@ -49,10 +49,8 @@ class Guest:
         self.peers = env.get("PEERS", "0") == "1"
         self.ble = env.get("BLE", "0") == "1"
         self.results_path = out / "results.txt"
-        # Truncated here, then appended to (O_APPEND): ble_guest.py, a
-        # process of its own, appends to the same file meanwhile.
-        self.results_path.write_text("")
-        self.results = rig.Results(self.results_path, append=True)
+        # ble_guest.py, a process of its own, appends to it too.
+        self.results = rig.Results(self.results_path)
         self.bus: "I2CBus | None" = None
         self.sim = GpioSim("blecontrol")
         self.socket = str(WORK / "control.sock")
@@ -142,17 +140,15 @@ class Guest:
         else:
             holder = ["gpioset", "-c", self.sim.chip, "1=1"]              # libgpiod 2.x holds by default
         process = subprocess.Popen(holder)
-        value = ""
-
-        def high() -> bool:
-            nonlocal value
-            value = self.sim.value(1)
-            return value == "1"
-        rig.wait_until(high, tries=50, interval=0.1)
-        process.terminate()
-        process.wait()
-        if value != "1":
-            return f"held high, sim_gpio1/value reads {value}"
+        try:
+            def high() -> "str | None":
+                value = self.sim.value(1)
+                return None if value == "1" else f"held high, sim_gpio1/value reads {value}"
+            if why := rig.poll(high, tries=50, interval=0.1):
+                return why
+        finally:
+            process.terminate()
+            process.wait()
         value = self.sim.value(1)
         if value != "0":
             return f"released, sim_gpio1/value reads {value} (want its pull-down)"
@@ -395,15 +391,10 @@ control:
     # --- (e) switches on gpio-sim, one instance per board, signals (issues 12, 13) --
     def switch_lines_are(self, *want: str) -> "str | None":
         """gpio-sim lines 1-4 read these (polled: the daemon writes them on its own thread)."""
-        got: tuple[str, ...] = ()
-
-        def equal() -> bool:
-            nonlocal got
+        def equal() -> "str | None":
             got = tuple(self.sim.value(line) for line in (1, 2, 3, 4))
-            return got == want
-        if rig.wait_until(equal, tries=50, interval=0.1):
-            return None
-        return f"lines 1-4 read {' '.join(got)}, want {' '.join(want)}"
+            return None if got == want else f"lines 1-4 read {' '.join(got)}, want {' '.join(want)}"
+        return rig.poll(equal, tries=50, interval=0.1)
 
     def central_leaves(self) -> None:
         """A TCP central sends one frame and goes away: the last central left."""
@@ -509,19 +500,14 @@ control:
 
         def failsafe_engaged(word: str) -> "str | None":
             """Status names a failsafe whose reason has word (bound: 300 polls, 60 s)."""
-            last: "dict | None" = None
-
-            def engaged() -> bool:
-                nonlocal last
+            def engaged() -> "str | None":
                 last = self.daemon.status()
                 try:
                     failsafe = last["servo"]["failsafe"] if last else None
                 except (KeyError, TypeError):
-                    return False
-                return bool(failsafe) and word in failsafe
-            if rig.wait_until(engaged, tries=300, interval=0.2):
-                return None
-            return f"no {word} failsafe: {last}"
+                    failsafe = None
+                return None if failsafe and word in failsafe else f"no {word} failsafe: {last}"
+            return rig.poll(engaged, tries=300, interval=0.2)
 
         env = {**os.environ, "NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "400000"}
         try:

@@ -139,10 +139,7 @@ class I2CBus:
     def wait_for(self, address: int, register: int, want: int, *, tries: int) -> "str | None":
         """As expect, polled every 0.1 s up to `tries` times (a bound, not a
         time limit: the servo thread flushes on its own schedule)."""
-        if rig.wait_until(lambda: self.expect(address, register, want) is None,
-                          tries=tries, interval=0.1):
-            return None
-        return self.expect(address, register, want)
+        return rig.poll(lambda: self.expect(address, register, want), tries=tries, interval=0.1)
 
 
 class GpioSim:
@@ -287,21 +284,18 @@ def status_holds(daemon: Daemon, expression: str, *, tries: int = 1,
     """The Python expression over the status object `s` (blecontrol status
     --json) becomes true within `tries` polls `interval` apart. None when it
     does, else the why (with the status's lcd, led and servo)."""
-    last: "dict | None" = None
-
-    def holds() -> bool:
-        nonlocal last
-        last = daemon.status()
-        if last is None:
-            return False
+    def holds() -> "str | None":
+        status = daemon.status()
+        if status is None:
+            return f"not true: {expression}; status: no status"
         try:
-            return bool(eval(expression, {}, {"s": last}))  # noqa: S307 - our own expressions
+            if eval(expression, {}, {"s": status}):  # noqa: S307 - our own expressions
+                return None
         except (NameError, SyntaxError):
             raise  # a typo in the check, not a status: the check fails, named
         except Exception:  # noqa: BLE001 - a missing key: not true (yet)
-            return False
+            pass
+        shown = json.dumps({k: status.get(k) for k in ("lcd", "led", "servo")})
+        return f"not true: {expression}; status: {shown}"
 
-    if rig.wait_until(holds, tries=tries, interval=interval):
-        return None
-    shown = json.dumps({k: last.get(k) for k in ("lcd", "led", "servo")}) if last else "no status"
-    return f"not true: {expression}; status: {shown}"
+    return rig.poll(holds, tries=tries, interval=interval)

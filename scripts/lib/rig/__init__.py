@@ -93,13 +93,10 @@ def require_root() -> None:
 
 # --- Commands ------------------------------------------------------------------
 
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def last_lines(text: str, count: int = 3) -> str:
-    """The last `count` lines of text, on one line: a check's why."""
-    return " ".join(text.rstrip("\n").splitlines()[-count:])
+def last_lines(text: str, count: int = 3, sep: str = " ") -> str:
+    """The last `count` lines of text, joined by sep: on one line (a
+    check's why) by default."""
+    return sep.join(text.rstrip().splitlines()[-count:])
 
 
 def env(name: str, default: str) -> str:
@@ -154,9 +151,9 @@ def run(cmd: Command, *, check: bool = True, capture: bool = False,
             logfile.close()
     if check and result.returncode != 0:
         if log is not None:
-            detail = _tail(Path(log).read_text(errors="replace"))
+            detail = last_lines(Path(log).read_text(errors="replace"), 30, "\n")
         elif capture:
-            detail = _tail((result.stderr or "") + (result.stdout or ""))
+            detail = last_lines((result.stderr or "") + (result.stdout or ""), 30, "\n")
         else:
             detail = ""
         raise Failure(f"{quote(cmd)} exited with status {result.returncode}"
@@ -206,6 +203,20 @@ def wait_until(predicate: Callable[[], bool], *, tries: int, interval: float = 0
         if attempt + 1 < tries:
             time.sleep(interval)
     return False
+
+
+def poll(check: Callable[[], "str | None"], *, tries: int, interval: float = 0.5) -> "str | None":
+    """wait_until for a check: check returns None when what it wants holds,
+    else why not. None as soon as it holds within `tries` tries; else the
+    last why, for the FAIL line."""
+    why: "str | None" = "never checked"
+    for attempt in range(tries):
+        why = check()
+        if why is None:
+            return None
+        if attempt + 1 < tries:
+            time.sleep(interval)
+    return why
 
 
 # --- Dependencies and caches -----------------------------------------------------
@@ -287,7 +298,11 @@ class Results:
         self.failed: list[str] = []
         self._files = []
         if path is not None:
-            self._files.append(open(path, "a" if append else "w", buffering=1))
+            if not append:
+                Path(path).write_text("")
+            # Always O_APPEND: a child that appends to the same file (the VM's
+            # BLE checks) never has its lines overwritten from a stale offset.
+            self._files.append(open(path, "a", buffering=1))
         if also is not None:
             self._files.append(open(also, "w", buffering=1))
 
@@ -333,10 +348,12 @@ class Results:
 
 
 def read_results(path: "str | os.PathLike[str]") -> tuple[list[str], list[str]]:
-    """The PASS and FAIL lines of a results file (missing: none)."""
+    """The PASS and FAIL lines of a results file (missing: none; carriage
+    returns of a guest's console dropped). A line a power cut left as just
+    "FAIL" counts as a failure."""
     try:
-        lines = Path(path).read_text(errors="replace").splitlines()
+        lines = Path(path).read_text(errors="replace").replace("\r", "").splitlines()
     except FileNotFoundError:
         return [], []
     return ([line for line in lines if line.startswith("PASS ")],
-            [line for line in lines if line.startswith("FAIL ")])
+            [line for line in lines if line.startswith("FAIL")])
