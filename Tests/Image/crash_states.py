@@ -42,6 +42,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+import rig  # noqa: E402
 
 MAGIC = 0x6A736677736872
 FLUSH, FUA, DISCARD, MARK = 1, 2, 4, 8
@@ -131,7 +135,7 @@ def copy_range(source, offset, length, target):
 def files_of(image, work):
     """The files the checks read, out of an ext4 image, in one debugfs run."""
     out = os.path.join(work, "files")
-    subprocess.run(["rm", "-rf", out])
+    rig.remove(out)
     os.makedirs(out)
     commands = os.path.join(work, "debugfs.cmd")
     with open(commands, "w") as f:
@@ -160,11 +164,11 @@ def check_root(disk, versions):
     try:
         code, out, err = run("e2fsck", "-fp", state)
         if code >= 4:
-            problems.append("e2fsck -p left errors (exit %d): %s" % (code, (out + err).decode(errors="replace").strip().splitlines()[-2:]))
+            problems.append("e2fsck -p left errors (exit %d): %s" % (code, rig.last_lines((out + err).decode(errors="replace"), 2)))
             return problems
         again, out, _ = run("e2fsck", "-fn", state)
         if again != 0:
-            problems.append("not clean after e2fsck -p (e2fsck -fn exit %d): %s" % (again, out.decode(errors="replace").strip().splitlines()[-2:]))
+            problems.append("not clean after e2fsck -p (e2fsck -fn exit %d): %s" % (again, rig.last_lines(out.decode(errors="replace"), 2)))
         files = files_of(state, disk.work)
         board = read(os.path.join(files, "blecontrol", "board.yaml"))
         if board is None or hashlib.sha256(board).hexdigest() not in versions:
@@ -211,11 +215,11 @@ def check_boot(disk):
     problems = []
     code, out, err = run("fsck.fat", "-a", "-w", copy)
     if code not in (0, 1):
-        problems.append("fsck.fat -a failed (exit %d): %s" % (code, (out + err).decode(errors="replace").strip().splitlines()[-2:]))
+        problems.append("fsck.fat -a failed (exit %d): %s" % (code, rig.last_lines((out + err).decode(errors="replace"), 2)))
     else:
         code, out, _ = run("fsck.fat", "-n", copy)
         if code != 0:
-            problems.append("boot partition not clean after fsck.fat -a: %s" % out.decode(errors="replace").strip().splitlines()[-2:])
+            problems.append("boot partition not clean after fsck.fat -a: %s" % rig.last_lines(out.decode(errors="replace"), 2))
     os.unlink(copy)
     return problems
 
@@ -236,8 +240,7 @@ def main():
 
     versions = set()
     for name in os.listdir(arguments.versions):
-        with open(os.path.join(arguments.versions, name), "rb") as f:
-            versions.add(hashlib.sha256(f.read()).hexdigest())
+        versions.add(rig.file_sha256(os.path.join(arguments.versions, name)))
     os.makedirs(arguments.work, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="crash-states-", dir=arguments.scratch or arguments.work)
     disk = Disk(arguments.disk, arguments.root_offset, arguments.boot_offset, arguments.boot_size, arguments.work, scratch)
