@@ -165,7 +165,7 @@ async def scenario():
     ok = await wait_for(lambda: len(ble_sessions(status())) == 0, 5)
     check(ok, "disconnect → BLE session ended", ble_sessions(status()))
     failsafe = status()["servo"].get("failsafe")
-    check(failsafe is not None and "disconnected" in failsafe, "disconnect → failsafe engaged", failsafe)
+    check(failsafe is not None and failsafe.startswith("central left: ble"), "disconnect of the central in control → failsafe engaged", failsafe)
 
     # Advertising goes on: BlueZoo still holds our advertisement. (A second
     # scan would not report a device BlueZoo already knows, and BlueZoo 1.0.2

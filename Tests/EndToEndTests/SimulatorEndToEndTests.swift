@@ -233,9 +233,9 @@ struct SimulatorEndToEndTests {
         var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.tcpPort)
         try central?.send(Bytes.enable0 + Bytes.servo0At500)
         _ = try daemon.waitFor("channel 0 running") { ($0.pulse(0) ?? 0) > 0 }
-        central = nil  // the last central leaves: failsafe
+        central = nil  // the central in control of channel 0 leaves: failsafe
         messages = notify.messages(for: .milliseconds(300))
-        #expect(messages.contains { $0.hasPrefix("STATUS=failsafe: last central disconnected") }, "\(messages)")
+        #expect(messages.contains { $0.hasPrefix("STATUS=failsafe: central left: tcp") }, "\(messages)")
         daemon.process.interrupt()  // SIGINT: the same orderly stop as SIGTERM
         messages = notify.messages(for: .milliseconds(500))
         #expect(messages.contains { $0.hasPrefix("STOPPING=1") }, "\(messages)")

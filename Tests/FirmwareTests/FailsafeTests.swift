@@ -327,16 +327,16 @@ struct SessionHubTests {
         logger.logLevel = .critical
         let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
         var inControl = 0
-        var lastGone = 0
+        var commanderGone = 0
         hub.onCentralInControl = { _ in inControl += 1 }
-        hub.onLastCentralClosed = { _ in lastGone += 1 }
+        hub.onCommanderLeft = { _, _ in commanderGone += 1 }
         var session: Session!
         // Sending the ERROR reply fails: the transport closes the session
         // from inside the send, as a reset connection does.
         session = hub.open(transport: .tcp, peer: "reset") { _ in hub.close(session) }
         // An accepted frame and one that draws ERROR, in one write.
         hub.receive(FrameEncoder.encode(.enable(channel: 0, on: true)) + [0x09, 0x00], for: session)
-        #expect(lastGone == 1)
+        #expect(commanderGone == 1)
         #expect(inControl == 0, "the session closed before the write was done")
 
         let healthy = hub.open(transport: .tcp, peer: "ok") { _ in }
@@ -358,7 +358,8 @@ struct FailsafeTests {
         #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("user text") == true })
         central = nil  // closes the connection
         #expect(eventually { (try? board.servo().failsafe) != nil })
-        #expect(try board.servo().failsafe?.contains("last central disconnected") == true)
+        #expect(try board.servo().failsafe?.hasPrefix("central left: tcp 127.0.0.1:") == true)
+        #expect(try board.servo().failsafe?.hasSuffix("(channels 0, 3, 4, 6)") == true, "the outputs it was in control of")
         // One failsafe flush writes every changed run; wait for all of it.
         #expect(eventually { (try? board.servo().failsafeAppliedMs) != nil })
         #expect(abs(board.pulse(0) - 1700) < 5, "channel 0 holds")

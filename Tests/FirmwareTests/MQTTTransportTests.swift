@@ -139,7 +139,7 @@ struct MQTTTransportTests {
         #expect(board.mqttSession?.frames == 2)
 
         broker.stop()
-        #expect(eventually { (try? board.servo().failsafe)?.contains("last central disconnected (mqtt 127.0.0.1:\(broker.port))") == true })
+        #expect(eventually { (try? board.servo().failsafe)?.hasPrefix("central left: mqtt 127.0.0.1:\(broker.port) (channel") == true })
         try broker.start()
         #expect(eventually(timeout: .seconds(60)) { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
         try broker.publish("\(base)/servo/0/set", "300")
@@ -161,7 +161,7 @@ struct MQTTTransportTests {
         defer { broker.thaw() }
         // No packet comes back: libmosquitto gives the broker up one
         // keepalive after its unanswered ping.
-        #expect(eventually(timeout: .seconds(60)) { (try? board.servo().failsafe)?.contains("last central disconnected (mqtt") == true })
+        #expect(eventually(timeout: .seconds(60)) { (try? board.servo().failsafe)?.hasPrefix("central left: mqtt") == true })
         #expect(board.mqttState.contains("retrying in"), "\(board.mqttState)")
         broker.thaw()
         #expect(eventually(timeout: .seconds(90)) { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")

@@ -109,7 +109,7 @@ struct SerialTransportTests {
         #expect(try rig.board.servo().failsafe == nil)
 
         rig.module.lose()
-        #expect(eventually { (try? rig.board.servo().failsafe)?.contains("last central disconnected") == true })
+        #expect(eventually { (try? rig.board.servo().failsafe)?.hasPrefix("central left: serial") == true })
         #expect(rig.serialState().contains("no central"))
     }
 

@@ -397,9 +397,11 @@ control:
         return rig.poll(equal, tries=50, interval=0.1)
 
     def central_leaves(self) -> None:
-        """A TCP central sends one frame and goes away: the last central left."""
+        """A TCP central commands switch 3 (on, as it is) and goes away: the
+        central in control of an output left (one that only observed would
+        not take the failsafe with it)."""
         with socket.create_connection(("127.0.0.1", self.daemon.tcp_port())) as central:
-            central.sendall(bytes([0, 0]))
+            central.sendall(bytes([6, 2, 3, 1]))
 
     def second_instance_refused(self) -> "str | None":
         result = rig.run(["timeout", "30", self.daemon_bin, "--board", self.board,
@@ -438,7 +440,7 @@ control:
             self.central_leaves()
         except (OSError, rig.Failure) as error:
             say(f"the TCP central could not connect: {error}")
-        self.check("e4", "the last central leaves: failsafe, every switch to its safe state (2 stays on)",
+        self.check("e4", "the central in control of switch 3 leaves: failsafe, every switch to its safe state (2 stays on)",
                    self.switch_lines_are, "0", "0", "1", "0")
 
         # A second daemon for the same board: refused before it opens the bus.

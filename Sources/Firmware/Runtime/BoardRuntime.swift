@@ -172,8 +172,9 @@ public final class BoardRuntime: @unchecked Sendable {
     // MARK: Wiring
 
     /// Every failsafe trigger to the servo path's engine, and its outcome to
-    /// the LCD, the LED and systemd: the last central leaving, silence, a
-    /// stalled servo thread, a lasting I2C fault (the servo path's own).
+    /// the LCD, the LED and systemd: a central leaving while in control of
+    /// an output, silence from the centrals in control, a stalled servo
+    /// thread, a lasting I2C fault (the servo path's own).
     private func wire() {
         let notifier = self.notifier
         if let led = parts.led {
@@ -209,8 +210,8 @@ public final class BoardRuntime: @unchecked Sendable {
             indicator?.refresh()
         }
         hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
-        hub.onLastCentralClosed = { session in
-            servo.engageFailsafe(reason: "last central disconnected (\(session.transport) \(session.peer))")
+        hub.onCommanderLeft = { session, outputs in
+            servo.engageFailsafe(reason: Self.commanderLeftReason(session, outputs))
         }
         ble.onPasskey = { [unowned self] passkey in
             guard let lcd = parts.lcd else { return }
@@ -219,6 +220,24 @@ public final class BoardRuntime: @unchecked Sendable {
                 Array(repeating: nil, count: max(lcd.rows - 1, 0)) + ["PIN \(passkey)"]
             })
         }
+    }
+
+    /// "central left: tcp 127.0.0.1:40000 (channels 0, 4; switch 1)": what
+    /// it was, and what it was in control of. The first 16 characters are
+    /// what a 16×2 LCD shows under FAILSAFE.
+    static func commanderLeftReason(_ session: Session, _ outputs: [Dispatcher.Output]) -> String {
+        var channels: [String] = []
+        var switches: [String] = []
+        for output in outputs {
+            switch output {
+            case .channel(let channel): channels.append("\(channel)")
+            case .switch(let index): switches.append("\(index)")
+            }
+        }
+        var parts: [String] = []
+        if !channels.isEmpty { parts.append("\(channels.count == 1 ? "channel" : "channels") \(channels.joined(separator: ", "))") }
+        if !switches.isEmpty { parts.append("\(switches.count == 1 ? "switch" : "switches") \(switches.joined(separator: ", "))") }
+        return "central left: \(session.transport) \(session.peer) (\(parts.joined(separator: "; ")))"
     }
 
     /// On the loop: the board's own message on the LCD while the failsafe

@@ -69,6 +69,8 @@ extension BoardRuntime {
         if let servo = parts.servo, let channels = new.servo?.channels, let pacing = new.servo?.maxFlushesPerPeriod,
            channels != old.servo?.channels || pacing != old.servo?.maxFlushesPerPeriod {
             let touched = servo.reconfigure(channels: channels, maxFlushesPerPeriod: pacing)
+            // A channel that starts over (stopped) or is gone obeys no one.
+            dispatcher.forget(touched.map { .channel($0) })
             applied.append(touched.isEmpty ? "servo pacing" : "channels \(touched.map(String.init).joined(separator: ", "))")
         }
         if new.silenceTimeout != old.silenceTimeout || new.stallTimeout != old.stallTimeout {

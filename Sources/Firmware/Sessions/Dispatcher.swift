@@ -12,11 +12,31 @@ public final class Dispatcher: @unchecked Sendable {
         public var discardedPartials = 0
     }
 
+    /// An output a central can command: what the disconnect failsafe
+    /// follows (docs/protocol.md, "Failsafe").
+    public enum Output: Hashable, Sendable, Comparable, CustomStringConvertible {
+        case channel(Int)
+        case `switch`(Int)
+
+        public var description: String {
+            switch self {
+            case .channel(let channel): "channel \(channel)"
+            case .switch(let index): "switch \(index)"
+            }
+        }
+    }
+
     private let servo: ServoPath?
     private let lcd: LCDService?
     private let switches: SwitchBank?
     private let logger: Logger
     public private(set) var counters = Counters()
+    /// Which central's command each output obeys now: the session id of the
+    /// central that sent its last accepted ANALOG_OUT_EN, SERVO_VAL, PWM_VAL
+    /// or SWITCH_VAL. The control socket (an operator) leaves it as it is,
+    /// so a central whose output the CLI touched still takes the failsafe
+    /// with it when it leaves.
+    public private(set) var commanders: [Output: Int] = [:]
 
     public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
         self.servo = servo
@@ -33,7 +53,11 @@ public final class Dispatcher: @unchecked Sendable {
     }
 
     /// Applies one decoded event. Returns the ERROR reply to send, if any.
-    public func handle(_ event: DecoderEvent, receivedAt: ContinuousClock.Instant) -> Message? {
+    ///
+    /// - Parameter central: the session id of the central it came from (nil
+    ///   for the control socket): an accepted output command makes that
+    ///   central the output's commander.
+    public func handle(_ event: DecoderEvent, receivedAt: ContinuousClock.Instant, central: Int? = nil) -> Message? {
         switch event {
         case .message(let message):
             counters.frames += 1
@@ -41,6 +65,7 @@ public final class Dispatcher: @unchecked Sendable {
                 counters.errors += 1
                 return .error(command: message.command.rawValue)
             }
+            if let central, let output = Self.output(of: message) { commanders[output] = central }
             return nil
         case .error(let error):
             if case .partialFrameDiscarded = error {
@@ -54,6 +79,38 @@ public final class Dispatcher: @unchecked Sendable {
             // counted, never answered (the frame's message follows).
             _ = apply(message, receivedAt: receivedAt)
             return nil
+        }
+    }
+
+    /// The outputs whose last command came from central `session`, in order.
+    public func outputs(commandedBy session: Int) -> [Output] {
+        commanders.compactMap { $0.value == session ? $0.key : nil }.sorted()
+    }
+
+    /// Whether central `session` commands any output now.
+    public func commands(_ session: Int) -> Bool { commanders.values.contains(session) }
+
+    /// `session` is gone: its outputs obey no one until the next command.
+    /// Returns the outputs it commanded.
+    @discardableResult
+    public func relinquish(_ session: Int) -> [Output] {
+        let outputs = outputs(commandedBy: session)
+        forget(outputs)
+        return outputs
+    }
+
+    /// Outputs a reload started over or removed obey no one.
+    public func forget(_ outputs: [Output]) {
+        for output in outputs { commanders[output] = nil }
+    }
+
+    /// The output a message commands, if it commands one. Text and INIT
+    /// move nothing: a central that sends only those is an observer.
+    static func output(of message: Message) -> Output? {
+        switch message {
+        case .enable(let channel, _), .servo(let channel, _), .pwm(let channel, _): .channel(Int(channel))
+        case .switchValue(let index, _): .switch(Int(index))
+        case .initialize, .lcdText, .lcdClear, .error: nil
         }
     }
 

@@ -95,7 +95,7 @@ public final class Session: @unchecked Sendable {
             if case .partialFrameDiscarded = error {} else { counters.errors += 1 }
         case .provisional: break
         }
-        let reply = dispatcher.handle(event, receivedAt: now)
+        let reply = dispatcher.handle(event, receivedAt: now, central: transport.isCentral ? id : nil)
         if case .message = event {
             if reply == nil { counters.accepted += 1 } else { counters.errors += 1 }
         }

@@ -16,17 +16,22 @@ public final class SessionHub: @unchecked Sendable {
     private var open: [Int: (session: Session, timer: LoopToken?)] = [:]
     /// Sessions opened since start.
     public private(set) var totalOpened = 0
-    /// When the last frame from any session arrived.
+    /// When the last frame from a commander arrived: a central whose
+    /// command is the last of some output (the silence watch follows the
+    /// centrals in control, not observers nor the control socket).
     public private(set) var lastFrameAt: ContinuousClock.Instant?
     /// A central that is still connected had a frame accepted: it is in
     /// control (the failsafe ends here, and only here).
     public var onCentralInControl: ((Session) -> Void)?
-    /// A frame arrived from any session (the silence watch).
+    /// A frame arrived from a commander (the silence watch).
     public var onFrame: (() -> Void)?
     /// A central connected or left (the LED pattern follows).
     public var onCentralsChanged: ((Int) -> Void)?
-    /// The last central went away.
-    public var onLastCentralClosed: ((Session) -> Void)?
+    /// A central left while it was the commander of these outputs (their
+    /// last command was its own): the disconnect failsafe, whatever other
+    /// centrals are still connected. A central that never commanded an
+    /// output (an observer) leaves without it.
+    public var onCommanderLeft: ((Session, [Dispatcher.Output]) -> Void)?
 
     public init(loop: any Scheduler, dispatcher: Dispatcher, idleTimeout: Duration?, logger: Logger) {
         self.loop = loop
@@ -63,7 +68,7 @@ public final class SessionHub: @unchecked Sendable {
         let now = loop.now
         let before = session.counters
         session.receive(bytes, at: now)
-        if session.counters.frames != before.frames {
+        if session.counters.frames != before.frames, session.transport.isCentral, dispatcher.commands(session.id) {
             lastFrameAt = now
             onFrame?()
         }
@@ -92,8 +97,9 @@ public final class SessionHub: @unchecked Sendable {
         session.close(at: loop.now)
         logger.info("session \(session.id) closed (\(session.transport) \(session.peer)): \(session.counters.frames) frames, \(session.counters.errors) errors")
         guard session.transport.isCentral else { return }
+        let commanded = dispatcher.relinquish(session.id)
         onCentralsChanged?(centralCount)
-        if centralCount == 0 { onLastCentralClosed?(session) }
+        if !commanded.isEmpty { onCommanderLeft?(session, commanded) }
     }
 
     /// Keeps a timer per session with a partial frame, so the frame is

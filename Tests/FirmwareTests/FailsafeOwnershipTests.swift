@@ -1,0 +1,256 @@
+import BLEControlProtocol
+import Board
+import Control
+import DeviceEmulators
+import LinuxHardware
+import Logging
+import Reactor
+import Testing
+import TestSupport
+@testable import Firmware
+
+// The disconnect failsafe follows the central in control (docs/protocol.md,
+// "Failsafe"): a central that leaves while an output's last command was its
+// own takes the failsafe with it, whatever else is connected; one that never
+// commanded an output is an observer.
+
+/// The transports whose sessions are centrals.
+private let centralKinds: [TransportKind] = [.tcp, .ble, .serial, .mqtt]
+
+/// A hub on virtual time over the emulated board, recording what the
+/// runtime would act on.
+private final class OwnershipRig {
+    let board: EmulatedBoard
+    let loop = ManualLoop()
+    let hub: SessionHub
+    /// Each call of onCommanderLeft: who, and what it was in control of.
+    var left: [(transport: TransportKind, outputs: [Dispatcher.Output])] = []
+    var inControl: [TransportKind] = []
+
+    init() throws {
+        board = try EmulatedBoard()
+        var logger = Logger(label: "t")
+        logger.logLevel = .critical
+        hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        hub.onCommanderLeft = { [unowned self] session, outputs in left.append((session.transport, outputs)) }
+        hub.onCentralInControl = { [unowned self] session in inControl.append(session.transport) }
+    }
+
+    func open(_ kind: TransportKind) -> Session { hub.open(transport: kind, peer: "\(kind)") { _ in } }
+    func send(_ messages: [Message], from session: Session) {
+        hub.receive(messages.flatMap { FrameEncoder.encode($0) }, for: session)
+    }
+}
+
+@Suite("The failsafe follows the central in control, on virtual time")
+struct FailsafeOwnershipRuleTests {
+    @Test("For every pair of central transports: the commander leaving engages it with the observer still there; the observer leaving does not")
+    func commanderAndObserver() throws {
+        for commanderKind in centralKinds {
+            for observerKind in centralKinds {
+                let rig = try OwnershipRig()
+                let observer = rig.open(observerKind)
+                let commander = rig.open(commanderKind)
+                // The observer talks, but moves nothing: INIT and text.
+                rig.send([.initialize, .lcdText(line: 0, text: Array("hello".utf8))], from: observer)
+                rig.send([.enable(channel: 4, on: true), .pwm(channel: 4, value: 500), .servo(channel: 0, value: 100)], from: commander)
+                rig.hub.close(commander)
+                #expect(rig.left.count == 1, "\(commanderKind) commander, \(observerKind) observer")
+                #expect(rig.left.first?.transport == commanderKind)
+                #expect(rig.left.first?.outputs == [.channel(0), .channel(4)])
+                #expect(rig.loop.pendingTimers == 0, "at once, on no timer: the same bound as with nobody else connected")
+                rig.hub.close(observer)
+                #expect(rig.left.count == 1, "an observer leaving takes nothing with it (\(observerKind))")
+            }
+        }
+    }
+
+    @Test("Only the last command counts: a commander whose outputs another central took over leaves without the failsafe")
+    func lastCommandCounts() throws {
+        let rig = try OwnershipRig()
+        let first = rig.open(.ble)
+        let second = rig.open(.ble)
+        rig.send([.enable(channel: 0, on: true), .servo(channel: 0, value: 500)], from: first)
+        rig.send([.servo(channel: 0, value: 700)], from: second)
+        rig.hub.close(first)
+        #expect(rig.left.isEmpty, "channel 0 obeys the second central now")
+        rig.hub.close(second)
+        #expect(rig.left.map(\.outputs) == [[.channel(0)]])
+    }
+
+    @Test("The control socket is an operator: its commands neither take an output from a central nor make it a commander")
+    func operatorTakesNothing() throws {
+        let rig = try OwnershipRig()
+        let central = rig.open(.tcp)
+        let cli = rig.open(.control)
+        rig.send([.enable(channel: 4, on: true)], from: central)
+        rig.send([.pwm(channel: 4, value: 900), .enable(channel: 5, on: true)], from: cli)
+        rig.hub.close(cli)
+        #expect(rig.left.isEmpty)
+        rig.hub.close(central)
+        #expect(rig.left.map(\.outputs) == [[.channel(4)]], "the central still took channel 4's failsafe with it")
+    }
+
+    @Test("A frame refused with ERROR commands nothing: a central whose every command failed is an observer")
+    func refusedCommandsNothing() throws {
+        let rig = try OwnershipRig()
+        let central = rig.open(.mqtt)
+        rig.send([.enable(channel: 12, on: true), .switchValue(index: 9, on: true)], from: central)  // not on this board
+        rig.hub.close(central)
+        #expect(rig.left.isEmpty)
+    }
+
+    @Test("The observer's first accepted frame puts it in control: that is what ends a failsafe")
+    func observerTakesControl() throws {
+        let rig = try OwnershipRig()
+        let observer = rig.open(.mqtt)
+        let commander = rig.open(.tcp)
+        rig.send([.enable(channel: 4, on: true)], from: commander)
+        #expect(rig.inControl == [.tcp])
+        rig.hub.close(commander)
+        #expect(rig.left.count == 1)
+        rig.send([.pwm(channel: 4, value: 100)], from: observer)
+        #expect(rig.inControl == [.tcp, .mqtt])
+        rig.hub.close(observer)
+        #expect(rig.left.map(\.transport) == [.tcp, .mqtt], "now a commander, it takes the failsafe with it in turn")
+    }
+
+    @Test("Silence is measured on the centrals in control: an observer's frames do not keep a quiet commander's outputs alive")
+    func silenceFollowsCommanders() throws {
+        let rig = try OwnershipRig()
+        let observer = rig.open(.ble)
+        let commander = rig.open(.tcp)
+        rig.send([.initialize], from: observer)
+        #expect(rig.hub.lastFrameAt == nil, "nobody commands anything yet")
+        rig.send([.enable(channel: 4, on: true)], from: commander)
+        let commanded = try #require(rig.hub.lastFrameAt)
+        rig.loop.advance(to: commanded + .milliseconds(100))
+        rig.send([.lcdText(line: 0, text: Array("still here".utf8))], from: observer)
+        #expect(rig.hub.lastFrameAt == commanded)
+        rig.send([.initialize], from: commander)
+        #expect(rig.hub.lastFrameAt == commanded + .milliseconds(100), "any frame of the commander's counts")
+    }
+}
+
+/// A board with an HM-10 on a pseudo-terminal beside other transports.
+private final class HM10Rig {
+    let pty: PseudoTerminal
+    let module: HM10Emulator
+    let board: RunningBoard
+
+    init(otherTransports: String) throws {
+        pty = try PseudoTerminal()
+        module = HM10Emulator(master: pty.master, answersAT: true)
+        board = try RunningBoard(yaml: pwmBoard().replacingOccurrences(of: "transports:\n", with: """
+        transports:
+          serial:
+            device: \(pty.slavePath)
+            baud: 9600
+            at_setup: true
+        \(otherTransports)
+        """))
+        #expect(eventually { ((try? self.board.runtime.status().transports.serial) ?? "").contains("HM-10 set up, no central") })
+    }
+
+    deinit {
+        board.runtime.stop()
+        module.stop()
+        pty.close()
+    }
+}
+
+private extension RunningBoard {
+    var failsafe: String? { (try? servo().failsafe) ?? nil }
+    var mqttConnected: Bool { ((try? runtime.status().transports.mqtt) ?? "").hasPrefix("connected") }
+
+    /// PWM 4 at 50 % from `central`, seen on the chip.
+    func pwm4AtHalf(_ send: ([UInt8]) throws -> Void) throws {
+        try send(FrameEncoder.encode(.enable(channel: 4, on: true)) + FrameEncoder.encode(.pwm(channel: 4, value: 500)))
+        #expect(eventually { abs(self.duty(4) - 0.5) < 0.001 })
+    }
+}
+
+/// The simulator board's channel 4 as shipped (PWM), with the test knobs.
+private func pwmBoard() -> String {
+    testBoard(silenceMs: 0).replacingOccurrences(of: escBoardChannel4, with: "- { channel: 4, output: 4, role: pwm }")
+}
+
+private let escBoardChannel4 = "- { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 150 }"
+
+@Suite("The failsafe follows the central in control, on real transports", .serialized)
+struct FailsafeOwnershipTransportTests {
+    @Test("MQTT connected and idle: a TCP central that ran PWM 4 at 50 % and leaves takes the failsafe with it")
+    func mqttIdleTCPCommander() throws {
+        try #require(MosquittoBroker.available, "needs Debian's mosquitto and libmosquitto1")
+        let broker = try MosquittoBroker()
+        let board = try RunningBoard(yaml: pwmBoard().replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection()))
+        #expect(eventually { board.mqttConnected })
+        var central: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
+        try board.pwm4AtHalf { try central?.send($0) }
+        central = nil
+        #expect(eventually { board.failsafe?.hasPrefix("central left: tcp 127.0.0.1:") == true }, "\(board.failsafe ?? "no failsafe")")
+        #expect(eventually { board.duty(4) == 0 }, "channel 4 off")
+        #expect(board.mqttConnected, "the broker is still connected: it was only an observer")
+        #expect(try board.servo().failsafes == 1)
+    }
+
+    @Test("MQTT connected and idle: an HM-10 central that ran PWM 4 at 50 % and is lost (OK+LOST) takes the failsafe with it")
+    func mqttIdleHM10Commander() throws {
+        try #require(MosquittoBroker.available, "needs Debian's mosquitto and libmosquitto1")
+        let broker = try MosquittoBroker()
+        let rig = try HM10Rig(otherTransports: broker.mqttSection())
+        let board = rig.board
+        #expect(eventually { board.mqttConnected })
+        rig.module.connect()
+        try board.pwm4AtHalf { rig.module.centralWrites($0) }
+        rig.module.lose()
+        #expect(eventually { board.failsafe?.hasPrefix("central left: serial") == true }, "\(board.failsafe ?? "no failsafe")")
+        #expect(eventually { board.duty(4) == 0 })
+    }
+
+    @Test("The broker as the commander: losing it engages the failsafe though a TCP observer stays connected")
+    func brokerCommanderTCPObserver() throws {
+        try #require(MosquittoBroker.available, "needs Debian's mosquitto and libmosquitto1")
+        let broker = try MosquittoBroker()
+        let board = try RunningBoard(yaml: pwmBoard().replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection()))
+        #expect(eventually { board.mqttConnected })
+        let observer = try LoopbackTCPClient(port: board.port)
+        try observer.send(FrameEncoder.encode(.initialize))
+        try broker.publish("blecontrol/simulator/enable/4/set", "ON")
+        try broker.publish("blecontrol/simulator/pwm/4/set", "500")
+        #expect(eventually { abs(board.duty(4) - 0.5) < 0.001 })
+        broker.stop()
+        #expect(eventually { board.failsafe?.hasPrefix("central left: mqtt") == true }, "\(board.failsafe ?? "no failsafe")")
+        #expect(eventually { board.duty(4) == 0 })
+        _ = observer
+    }
+
+    @Test("Two TCP centrals: the commander leaves, the observer stays → failsafe; the observer's first command clears it")
+    func twoCentrals() throws {
+        let board = try RunningBoard(yaml: pwmBoard())
+        let observer = try LoopbackTCPClient(port: board.port)
+        try observer.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("watching".utf8))))
+        var commander: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
+        try board.pwm4AtHalf { try commander?.send($0) }
+        commander = nil
+        #expect(eventually { board.failsafe?.hasPrefix("central left: tcp") == true }, "\(board.failsafe ?? "no failsafe")")
+        #expect(eventually { board.duty(4) == 0 })
+        try observer.send(FrameEncoder.encode(.pwm(channel: 4, value: 250)))
+        #expect(eventually { board.failsafe == nil }, "the observer's first command ends the failsafe")
+        #expect(eventually { abs(board.duty(4) - 0.25) < 0.001 })
+    }
+
+    @Test("An HM-10 observer stays connected: the TCP commander leaving still engages the failsafe")
+    func hm10ObserverTCPCommander() throws {
+        let rig = try HM10Rig(otherTransports: "")
+        let board = rig.board
+        rig.module.connect()
+        rig.module.centralWrites(FrameEncoder.encode(.initialize))
+        #expect(eventually { ((try? board.runtime.status().transports.serial) ?? "").contains("central connected") })
+        var commander: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
+        try board.pwm4AtHalf { try commander?.send($0) }
+        commander = nil
+        #expect(eventually { board.failsafe?.hasPrefix("central left: tcp") == true }, "\(board.failsafe ?? "no failsafe")")
+        #expect(eventually { board.duty(4) == 0 })
+    }
+}
