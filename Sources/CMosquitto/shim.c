@@ -48,6 +48,9 @@ static void load(void) {
     BIND(message_callback_set, "mosquitto_message_callback_set");
     BIND(strerror, "mosquitto_strerror");
     BIND(reason_string, "mosquitto_reason_string");
+    BIND(connect_bind_v5, "mosquitto_connect_bind_v5");
+    BIND(property_add_int32, "mosquitto_property_add_int32");
+    BIND(property_free_all, "mosquitto_property_free_all");
 #undef BIND
     if (load_error[0]) return;
     lib_version(&api.major, &api.minor, &api.revision);
@@ -63,4 +66,15 @@ const struct bc_mosquitto_api *bc_mosquitto_load(char *error, size_t error_size)
     pthread_once(&once, load);
     if (!loaded && error && error_size) snprintf(error, error_size, "%s", load_error);
     return loaded ? &api : NULL;
+}
+
+int bc_mosquitto_set_maximum_packet_size(const struct bc_mosquitto_api *api, struct mosquitto *mosq, uint32_t size) {
+    void *properties = NULL;
+    int code = api->property_add_int32(&properties, BC_MQTT_PROP_MAXIMUM_PACKET_SIZE, size);
+    if (code != BC_MOSQ_ERR_SUCCESS) return code;
+    // No host: the properties are copied, then the call stops with
+    // MOSQ_ERR_INVAL before any socket is made.
+    code = api->connect_bind_v5(mosq, NULL, 0, 0, NULL, properties);
+    api->property_free_all(&properties);
+    return code == BC_MOSQ_ERR_INVAL ? BC_MOSQ_ERR_SUCCESS : code;
 }

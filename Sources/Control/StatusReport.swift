@@ -176,8 +176,16 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var frames: Int
         public var errors: Int
         public var connectedSeconds: Double
+        /// The outputs whose last command was this central's ("channel 4",
+        /// "switch 1"): what its leaving takes to the failsafe. Empty for an
+        /// observer; absent from older daemons.
+        public var inControlOf: [String]?
+        /// ERROR replies not sent because the central drew more than its
+        /// budget (docs/protocol.md, "Limits"); absent from older daemons.
+        public var repliesDropped: Int?
 
-        public init(id: Int, transport: String, peer: String, bytes: Int, frames: Int, errors: Int, connectedSeconds: Double) {
+        public init(id: Int, transport: String, peer: String, bytes: Int, frames: Int, errors: Int, connectedSeconds: Double,
+                    inControlOf: [String]? = nil, repliesDropped: Int? = nil) {
             self.id = id
             self.transport = transport
             self.peer = peer
@@ -185,11 +193,15 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.frames = frames
             self.errors = errors
             self.connectedSeconds = connectedSeconds
+            self.inControlOf = inControlOf
+            self.repliesDropped = repliesDropped
         }
 
         enum CodingKeys: String, CodingKey {
             case id, transport, peer, bytes, frames, errors
             case connectedSeconds = "connected_seconds"
+            case inControlOf = "in_control_of"
+            case repliesDropped = "replies_dropped"
         }
     }
 

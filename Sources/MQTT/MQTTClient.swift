@@ -60,6 +60,12 @@ public final class MQTTClient: @unchecked Sendable {
     public var onDisconnect: (Int32) -> Void = { _ in }
     /// A message: topic, payload, and whether the broker flagged it retained.
     public var onMessage: (String, [UInt8], Bool) -> Void = { _, _, _ in }
+    /// A message larger than `maximumPacketSize` that the broker sent all
+    /// the same (one that ignores the CONNECT property): its topic and
+    /// payload size. Its payload is never copied.
+    public var onOversize: (String, Int) -> Void = { _, _ in }
+    /// The Maximum Packet Size this client announced, if any.
+    public let maximumPacketSize: UInt32?
 
     /// Subscription options (MQTT 5): the broker sends no retained message
     /// on subscribing, and none of this client's own.
@@ -71,7 +77,13 @@ public final class MQTTClient: @unchecked Sendable {
     /// Loads libmosquitto and sets the client up (nothing is sent yet).
     /// - Parameter will: published by the broker if the connection dies
     ///   without a DISCONNECT: (topic, payload), retained, QoS 1.
-    public init(loop: EventLoop, endpoint: MQTTEndpoint, cleanSession: Bool = true, will: (String, [UInt8])? = nil) throws(MQTTError) {
+    /// - Parameter maximumPacketSize: announced in CONNECT (MQTT 5 §3.1.2.11.4):
+    ///   a broker must not send this client a larger packet (Mosquitto drops
+    ///   it and logs "Dropping too large outgoing PUBLISH"); one that does
+    ///   anyway is refused here (`onOversize`), though libmosquitto has
+    ///   already read it whole (it has no limit of its own on a client).
+    public init(loop: EventLoop, endpoint: MQTTEndpoint, cleanSession: Bool = true, will: (String, [UInt8])? = nil,
+                maximumPacketSize: UInt32? = nil) throws(MQTTError) {
         var error = [CChar](repeating: 0, count: 256)
         guard let api = bc_mosquitto_load(&error, error.count) else {
             throw MQTTError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
@@ -81,11 +93,15 @@ public final class MQTTClient: @unchecked Sendable {
         self.endpoint = endpoint
         self.api = api
         self.client = client
+        self.maximumPacketSize = maximumPacketSize
         let object = Unmanaged.passUnretained(self).toOpaque()
         api.pointee.user_data_set(client, object)
         _ = api.pointee.int_option(client, Int32(BC_MOSQ_OPT_PROTOCOL_VERSION), Int32(BC_MQTT_PROTOCOL_V5))
         // Small frames, one at a time: no Nagle delay.
         _ = api.pointee.int_option(client, Int32(BC_MOSQ_OPT_TCP_NODELAY), 1)
+        if let maximumPacketSize {
+            try check(bc_mosquitto_set_maximum_packet_size(api, client, maximumPacketSize), "the maximum packet size")
+        }
         if let will {
             try check(api.pointee.will_set(client, will.0, Int32(will.1.count), will.1, 1, true), "the will")
         }
@@ -105,8 +121,14 @@ public final class MQTTClient: @unchecked Sendable {
         }
         api.pointee.message_callback_set(client) { _, object, message in
             guard let object, let message = message?.pointee, let topic = message.topic else { return }
-            let payload = message.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: Int(max(message.payloadlen, 0)))) } ?? []
-            Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().onMessage(String(cString: topic), payload, message.retain)
+            let this = Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue()
+            let size = Int(max(message.payloadlen, 0))
+            // The payload alone over the packet limit: the packet was too.
+            if let limit = this.maximumPacketSize, size > Int(limit) {
+                return this.onOversize(String(cString: topic), size)
+            }
+            let payload = message.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
+            this.onMessage(String(cString: topic), payload, message.retain)
         }
     }
 

@@ -425,11 +425,12 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 // Usage: blecontrol-bench [all|foundation|servo|daemon|serial|mqtt] [frames]
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 //        blecontrol-bench soak DAEMON [SECONDS]
+//        blecontrol-bench flood DAEMON [MEGABYTES]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES]")
     exit(2)
 }
 if section == "soak" {
@@ -438,6 +439,14 @@ if section == "soak" {
         exit(2)
     }
     do { exit(try soakDaemon(binary: arguments[1], seconds: seconds) ? 0 : 1) } catch { print("soak failed: \(error)"); exit(1) }
+}
+if section == "flood" {
+    guard arguments.count >= 2, let megabytes = Int(arguments.count > 2 ? arguments[2] : "8"), megabytes > 0 else {
+        print("usage: blecontrol-bench flood DAEMON [MEGABYTES]   (default 8)")
+        exit(2)
+    }
+    do { try benchmarkFlood(binary: arguments[1], megabytes: megabytes) } catch { print("flood failed: \(error)"); exit(1) }
+    exit(0)
 }
 if section == "mqtt" {
     do { try benchmarkMQTT() } catch { print("benchmark failed: \(error)"); exit(1) }

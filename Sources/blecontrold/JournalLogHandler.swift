@@ -2,12 +2,21 @@
 import Glibc
 #endif
 import Logging
+import Reactor
 
 /// Log lines on standard error that journald files at the right priority:
 /// under systemd (stderr connected to the journal, per `$JOURNAL_STREAM`)
 /// each line starts with `<N>`, its syslog priority (sd-daemon(3)), so
 /// `journalctl -u blecontrold -p err` shows the daemon's errors; on a
 /// terminal, a timestamp and the level instead.
+///
+/// A message may carry what a sender chose (a topic, a payload, a device's
+/// name), so every line is one line whatever it holds: control characters
+/// and invalid UTF-8 are escaped (a newline in a payload cannot start a
+/// journal entry of its own, with a `<N>` priority of its own) and a line
+/// is cut at ``maximumMessageLength``. Each place in the code logs at most
+/// ``limiter``'s burst a minute; the next line from it says how many it
+/// held back.
 struct JournalLogHandler: LogHandler {
     var logLevel: Logger.Level
     var metadata: Logger.Metadata = [:]
@@ -25,15 +34,24 @@ struct JournalLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
+    /// Scalars of a message kept in its line.
+    static let maximumMessageLength = 1024
+    /// One for the process: lines per place in the code, per minute.
+    static let limiter = LogLimiter(burst: 20, window: .seconds(60))
+
     func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
-        var text = toJournal ? "<\(Self.priority(level))>" : "\(Self.timestamp()) \(level) "
-        text += "\(label): \(message)"
+        guard case .log(let heldBack) = Self.limiter.admit("\(file):\(line)") else { return }
+        let prefix = toJournal ? "<\(Self.priority(level))>" : "\(Self.timestamp()) \(level) "
+        var body = "\(message)"
         let merged = self.metadata.merging(metadata ?? [:]) { $1 }
         if !merged.isEmpty {
-            text += " " + merged.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+            body += " " + merged.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
         }
+        var text = ""
+        if heldBack > 0 { text += "\(prefix)\(label): (\(heldBack) more like the next line were not logged this last minute)\n" }
+        text += "\(prefix)\(label): \(body.escaped(maximumLength: Self.maximumMessageLength))\n"
         // One write per line, so lines from several threads never interleave.
-        let bytes = Array((text + "\n").utf8)
+        let bytes = Array(text.utf8)
         _ = bytes.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
     }
 

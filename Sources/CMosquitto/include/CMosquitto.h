@@ -8,6 +8,7 @@
 // transport uses.
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct mosquitto;
 struct mosquitto_message {
@@ -30,6 +31,9 @@ enum {
     // Subscription options (MQTT 5, mqtt_protocol.h).
     BC_MQTT_SUB_OPT_NO_LOCAL = 0x04,
     BC_MQTT_SUB_OPT_SEND_RETAIN_NEVER = 0x20,
+    BC_MOSQ_ERR_INVAL = 3,
+    // MQTT 5 property identifiers (mqtt_protocol.h).
+    BC_MQTT_PROP_MAXIMUM_PACKET_SIZE = 39,
 };
 
 /// The functions, resolved from the library.
@@ -59,7 +63,19 @@ struct bc_mosquitto_api {
     void (*message_callback_set)(struct mosquitto *mosq, void (*on_message)(struct mosquitto *, void *, const struct mosquitto_message *));
     const char *(*strerror)(int mosq_errno);
     const char *(*reason_string)(int reason_code);
+    int (*connect_bind_v5)(struct mosquitto *mosq, const char *host, int port, int keepalive, const char *bind_address, const void *properties);
+    int (*property_add_int32)(void **proplist, int identifier, uint32_t value);
+    void (*property_free_all)(void **proplist);
 };
+
+/// Makes every CONNECT of `mosq` from now on (connect_async and
+/// reconnect_async alike) carry MQTT 5's Maximum Packet Size property:
+/// libmosquitto 2.0 has no call that sets CONNECT properties without
+/// connecting (blocking) at once, so this hands them to
+/// mosquitto_connect_bind_v5 with no host, which stores them before it
+/// refuses the missing host (lib/connect.c, 2.0.11 to 2.0.20). Returns 0
+/// when stored, else a libmosquitto error code.
+int bc_mosquitto_set_maximum_packet_size(const struct bc_mosquitto_api *api, struct mosquitto *mosq, uint32_t size);
 
 /// Opens libmosquitto.so.1 once (thread-safe) and returns its functions,
 /// or NULL with the reason in `error` (a missing library, a missing

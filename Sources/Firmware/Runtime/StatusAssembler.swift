@@ -75,7 +75,9 @@ struct StatusAssembler {
             StatusReport.SessionInfo(
                 id: session.id, transport: session.transport.rawValue, peer: session.peer,
                 bytes: session.counters.bytes, frames: session.counters.frames, errors: session.counters.errors,
-                connectedSeconds: session.connectedAt.duration(to: now).inSeconds
+                connectedSeconds: session.connectedAt.duration(to: now).inSeconds,
+                inControlOf: session.transport.isCentral ? dispatcher.outputs(commandedBy: session.id).map(\.description) : nil,
+                repliesDropped: session.transport.isCentral ? session.counters.repliesDropped : nil
             )
         }
         let counters = dispatcher.counters

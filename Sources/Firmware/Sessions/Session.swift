@@ -26,6 +26,35 @@ public final class Session: @unchecked Sendable {
         /// Frames applied without an ERROR reply.
         public var accepted = 0
         public var errors = 0
+        /// ERROR replies not sent: over the session's reply budget.
+        public var repliesDropped = 0
+    }
+
+    /// How many ERROR replies (and other answers to refused input) one
+    /// central can draw: a burst of ``burst``, then ``perSecond``. A stream
+    /// of bad frames costs the board one reply per budget token, not one per
+    /// frame: 8 MiB of `09 00` would otherwise be four million replies
+    /// queued for a central that may never read them. The original app
+    /// never comes near it (at most 8 ERRORs for its 8 channels per slider
+    /// move). Beyond it, replies are counted in `repliesDropped`.
+    public struct ReplyBudget: Sendable {
+        public static let burst = 8.0
+        public static let perSecond = 20.0
+        private var tokens = burst
+        private var at: ContinuousClock.Instant?
+
+        public init() {}
+
+        /// Takes one token if there is one at `now`.
+        public mutating func take(at now: ContinuousClock.Instant) -> Bool {
+            if let at {
+                tokens = min(Self.burst, tokens + max(0, at.duration(to: now).inSeconds) * Self.perSecond)
+            }
+            at = now
+            guard tokens >= 1 else { return false }
+            tokens -= 1
+            return true
+        }
     }
 
     public let id: Int
@@ -34,6 +63,7 @@ public final class Session: @unchecked Sendable {
     public let peer: String
     public let connectedAt: ContinuousClock.Instant
     public private(set) var counters = Counters()
+    private var budget = ReplyBudget()
     private var decoder: FrameDecoder
     private let dispatcher: Dispatcher
     private let send: ([UInt8]) -> Void
@@ -58,10 +88,36 @@ public final class Session: @unchecked Sendable {
     public func receive<C: Collection>(_ bytes: C, at now: ContinuousClock.Instant = .now) where C.Element == UInt8 {
         counters.bytes += bytes.count
         var replies: [Message] = []
+        // The budget is spent as replies arise, so a flood of bad frames
+        // in one write never gathers more than a burst of them here.
         decoder.decode(bytes, at: now) { event in
-            if let reply = record(event, at: now) { replies.append(reply) }
+            if let reply = record(event, at: now), mayReply(at: now) { replies.append(reply) }
         }
-        for reply in replies { send(FrameEncoder.encode(reply)) }
+        for answer in replies { send(FrameEncoder.encode(answer)) }
+    }
+
+    /// Whether an answer to refused input may go out now (the session's
+    /// ``ReplyBudget``); a refused one is counted. For a transport's own
+    /// refusals too (an MQTT payload that is no value).
+    public func mayReply(at now: ContinuousClock.Instant) -> Bool {
+        // The control socket is an operator's request and its answer: it
+        // gets every reply (its requests are bounded in size).
+        if !transport.isCentral || budget.take(at: now) { return true }
+        counters.repliesDropped += 1
+        return false
+    }
+
+    /// The transport refused input before it became frames (an MQTT
+    /// payload that is no value): counted as an error; true when the
+    /// refusal may be answered (``mayReply(at:)``).
+    public func refused(at now: ContinuousClock.Instant) -> Bool {
+        counters.errors += 1
+        return mayReply(at: now)
+    }
+
+    private func reply(_ message: Message, at now: ContinuousClock.Instant) {
+        guard mayReply(at: now) else { return }
+        send(FrameEncoder.encode(message))
     }
 
     /// When the partial frame being assembled will be discarded, if any.
@@ -70,16 +126,16 @@ public final class Session: @unchecked Sendable {
     /// Discards a partial frame that has been idle past the timeout; its
     /// ERROR reply (if the decoder gives one) goes to the central.
     public func expire(at now: ContinuousClock.Instant = .now) {
-        if let event = decoder.expire(at: now), let reply = record(event, at: now) {
-            send(FrameEncoder.encode(reply))
+        if let event = decoder.expire(at: now), let answer = record(event, at: now) {
+            reply(answer, at: now)
         }
     }
 
     /// The end of a message that holds whole frames (MQTT): a frame it cut
     /// short is discarded, as if idle past the timeout.
     public func endOfMessage(at now: ContinuousClock.Instant = .now) {
-        if let event = decoder.reset(), let reply = record(event, at: now) {
-            send(FrameEncoder.encode(reply))
+        if let event = decoder.reset(), let answer = record(event, at: now) {
+            reply(answer, at: now)
         }
     }
 

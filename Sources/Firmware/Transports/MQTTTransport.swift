@@ -45,6 +45,14 @@ public final class MQTTTransport: @unchecked Sendable {
     private var announced: Set<String> = []
     static let firstBackoff: Duration = .seconds(1)
     static let maxBackoff: Duration = .seconds(30)
+    /// The Maximum Packet Size the board announces in CONNECT: the broker
+    /// drops a larger message for it (docs/protocol.md, "Limits"). Room for
+    /// a few dozen frames, the longest topic and this node's discovery
+    /// configs; a message of garbage costs the board at most this much
+    /// decoding.
+    public static let maximumPacketSize: UInt32 = 16 * 1024
+    /// Bytes of a refused payload quoted back (escaped) in a reply or a log line.
+    static let quotedPayload = 32
 
     public init(loop: EventLoop, hub: SessionHub, configuration: MQTTConfiguration, board: BoardConfiguration, version: String, logger: Logger) {
         self.loop = loop
@@ -75,10 +83,12 @@ public final class MQTTTransport: @unchecked Sendable {
         endpoint.keyFile = configuration.keyFile
         do {
             if let file = configuration.passwordFile { endpoint.password = try MQTTEndpoint.password(from: file) }
-            let client = try MQTTClient(loop: loop, endpoint: endpoint, will: (topics.availability, Array("offline".utf8)))
+            let client = try MQTTClient(loop: loop, endpoint: endpoint, will: (topics.availability, Array("offline".utf8)),
+                                        maximumPacketSize: Self.maximumPacketSize)
             client.onConnect = { [weak self] code in self?.connected(code: code) }
             client.onDisconnect = { [weak self] code in self?.disconnected(code: code) }
             client.onMessage = { [weak self] topic, payload, retained in self?.received(topic, payload, retained: retained) }
+            client.onOversize = { [weak self] topic, size in self?.oversize(topic, size) }
             self.client = client
         } catch {
             state = error.description
@@ -221,11 +231,27 @@ public final class MQTTTransport: @unchecked Sendable {
         case .message(let message):
             hub.receive(FrameEncoder.encode(message), for: session)
         case .invalid(let why):
-            logger.warning("MQTT: \(topic): \(why)")
-            client?.publish(topics.errors, Array("\(topic): \(why)".utf8))
+            refuse("\(topic.escaped(maximumLength: 128)): \(why)", session: session)
         case .ignored:
             break
         }
+    }
+
+    /// A message the broker should not have sent (it ignored the Maximum
+    /// Packet Size): dropped unread, counted, answered once.
+    private func oversize(_ topic: String, _ size: Int) {
+        guard let session else { return }
+        refuse("\(topic.escaped(maximumLength: 128)): a message of \(size) bytes, more than \(Self.maximumPacketSize): dropped", session: session)
+    }
+
+    /// A message refused before it reached the session: counted as the
+    /// session's error, logged (rate-limited by the log), and answered on
+    /// `…/errors` within the session's reply budget. `why` quotes at most
+    /// ``quotedPayload`` bytes of the payload, escaped.
+    private func refuse(_ why: String, session: Session) {
+        logger.warning("MQTT: \(why)")
+        guard session.refused(at: loop.now) else { return }
+        client?.publish(topics.errors, Array(why.utf8))
     }
 
     /// Publishes every entity's config and deletes (an empty retained
@@ -310,25 +336,27 @@ public struct MQTTTopics: Sendable, Equatable {
         guard topic.hasPrefix(base + "/") else { return .ignored }
         let levels = topic.dropFirst(base.count + 1).split(separator: "/", omittingEmptySubsequences: false)
         guard levels.count == 3, levels[2] == "set" else { return .ignored }
-        guard let index = UInt8(levels[1]) else { return .invalid("\(levels[1]) is not a channel number (0…255)") }
+        guard let index = UInt8(levels[1]) else { return .invalid("\(String(levels[1]).escaped(maximumLength: 16)) is not a channel number (0…255)") }
         let text = String(decoding: payload, as: UTF8.self).trimmed
+        // What is quoted back: a short, escaped prefix, never the payload.
+        let quoted = "\"" + String(escaping: payload.prefix(MQTTTransport.quotedPayload), maximumLength: MQTTTransport.quotedPayload * 4) + (payload.count > MQTTTransport.quotedPayload ? "…" : "") + "\""
         switch levels[0] {
         case "servo", "pwm":
-            guard let value = UInt16(text), value <= 1000 else { return .invalid("\"\(text)\" is not a value 0…1000") }
+            guard let value = UInt16(text), value <= 1000 else { return .invalid("\(quoted) is not a value 0…1000") }
             return .message(levels[0] == "servo" ? .servo(channel: index, value: value) : .pwm(channel: index, value: value))
         case "switch", "enable":
             let on: Bool
             switch text.uppercased() {
             case "ON", "1", "TRUE": on = true
             case "OFF", "0", "FALSE": on = false
-            default: return .invalid("\"\(text)\" is not ON or OFF")
+            default: return .invalid("\(quoted) is not ON or OFF")
             }
             return .message(levels[0] == "switch" ? .switchValue(index: index, on: on) : .enable(channel: index, on: on))
         case "lcd":
             guard payload.count <= Message.maximumTextLength else { return .invalid("text longer than \(Message.maximumTextLength) bytes") }
             return .message(.lcdText(line: index, text: payload.filter { $0 != 0 }))
         default:
-            return .invalid("\(levels[0]) is not an output kind (servo, pwm, switch, enable, lcd)")
+            return .invalid("\(String(levels[0]).escaped(maximumLength: 16)) is not an output kind (servo, pwm, switch, enable, lcd)")
         }
     }
 }
