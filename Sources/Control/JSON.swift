@@ -241,19 +241,24 @@ extension JSONValue {
         for _ in 0..<(indent * 2) { out.append(0x20) }
     }
 
+    /// A JSON string. Besides what JSON requires escaped (C0), DEL and the
+    /// C1 controls are too, so `--json` printed on a terminal is as inert
+    /// as the text output.
     static func writeString(_ text: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): out.append(contentsOf: [0x5C, 0x22])
-            case UInt8(ascii: "\\"): out.append(contentsOf: [0x5C, 0x5C])
+        for scalar in text.unicodeScalars {
+            switch scalar.value {
+            case 0x22: out.append(contentsOf: [0x5C, 0x22])
+            case 0x5C: out.append(contentsOf: [0x5C, 0x5C])
             case 0x0A: out.append(contentsOf: [0x5C, UInt8(ascii: "n")])
             case 0x0D: out.append(contentsOf: [0x5C, UInt8(ascii: "r")])
             case 0x09: out.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-            case 0..<0x20:
+            case 0..<0x20, 0x7F...0x9F:
                 let digits = Array("0123456789abcdef".utf8)
-                out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), digits[Int(byte >> 4)], digits[Int(byte & 0xF)]])
-            default: out.append(byte)
+                let value = Int(scalar.value)
+                out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), digits[value >> 4], digits[value & 0xF]])
+            case 0x20..<0x7F: out.append(UInt8(scalar.value))
+            default: if let encoded = UTF8.encode(scalar) { out.append(contentsOf: encoded) }
             }
         }
         out.append(UInt8(ascii: "\""))

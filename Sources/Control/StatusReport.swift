@@ -1,3 +1,5 @@
+import Reactor
+
 /// Everything `blecontrol status` shows, as one value. Its JSON (the
 /// `--json` contract) has snake_case keys, spelled out in each type's
 /// CodingKeys: no key conversion and no sorting at encode time, which is
@@ -318,4 +320,21 @@ public struct PollReport: Codable, Sendable, Equatable {
         case failsafe
         case busWrites = "bus_writes"
     }
+}
+
+extension String {
+    /// Text that came from a board, a broker or a BLE device (a status's
+    /// strings, a name, an error reply), safe to print on a terminal: its
+    /// control characters, escape sequences and invalid UTF-8 shown as
+    /// visible escapes (``Swift/String/init(escaping:maximumLength:)``),
+    /// cut at ``printableLength`` characters.
+    public var printable: String { escaped(maximumLength: Self.printableLength) }
+
+    /// Bytes from outside (a payload) the same way; invalid UTF-8 is shown
+    /// byte by byte, where decoding it first would show U+FFFD.
+    public static func printable(_ bytes: [UInt8]) -> String { String(escaping: bytes, maximumLength: printableLength) }
+
+    /// More than any line the CLI prints needs, little enough that a
+    /// hostile megabyte costs nothing.
+    public static let printableLength = 512
 }

@@ -695,10 +695,10 @@ struct Context {
             case .variant(.bool(false))?, .bool(false)?:
                 return DoctorFinding(level, subject, "no", fix: fix)
             default:
-                return DoctorFinding(.warn, subject, "unexpected answer from bluetoothd: \(reply)", fix: fix)
+                return DoctorFinding(.warn, subject, "unexpected answer from bluetoothd: \("\(reply)".printable)", fix: fix)
             }
         } catch {
-            return DoctorFinding(.warn, subject, "could not ask bluetoothd: \(error)", fix: "run doctor as root or a member of group bluetooth; \(fix)")
+            return DoctorFinding(.warn, subject, "could not ask bluetoothd: \("\(error)".printable)", fix: "run doctor as root or a member of group bluetooth; \(fix)")
         }
     }
 
@@ -755,35 +755,36 @@ struct Context {
             return DoctorSection(title: "Daemon", findings: findings)
         }
 
+        // The status's strings are the daemon's: printed through `printable`.
         let sessions = status.sessions.count == 1 ? "1 session" : "\(status.sessions.count) sessions"
-        let transports = status.transports.named.map { "\($0.0) \($0.1)" }.joined(separator: "; ")
+        let transports = status.transports.named.map { "\($0.0) \($0.1.printable)" }.joined(separator: "; ")
         findings.append(DoctorFinding(
             .ok, subject,
-            "\(status.version) running board \"\(status.board)\"\(status.simulated ? " (simulated)" : ""), up \(Int(status.uptimeSeconds)) s, \(sessions); \(transports)"
+            "\(status.version.printable) running board \"\(status.board.printable)\"\(status.simulated ? " (simulated)" : ""), up \(Int(status.uptimeSeconds)) s, \(sessions); \(transports)"
         ))
         if let configuration, status.board != configuration.name {
             findings.append(DoctorFinding(
-                .warn, subject, "runs board \"\(status.board)\", not \"\(configuration.name)\" from \(boardSource)",
+                .warn, subject, "runs board \"\(status.board.printable)\", not \"\(configuration.name)\" from \(boardSource)",
                 fix: "restart it to load the file: `sudo systemctl restart blecontrold`"
             ))
         }
         if let servo = status.servo {
             if servo.online {
-                findings.append(DoctorFinding(.ok, "servo path", "PCA9685 online at \(servo.frequencyHz.fixed(1)) Hz, \(servo.scheduling)"))
+                findings.append(DoctorFinding(.ok, "servo path", "PCA9685 online at \(servo.frequencyHz.fixed(1)) Hz, \(servo.scheduling.printable)"))
             } else {
                 findings.append(DoctorFinding(
-                    .fail, "servo path", "PCA9685 offline\(servo.error.map { ": \($0)" } ?? "")",
+                    .fail, "servo path", "PCA9685 offline\(servo.error.map { ": \($0.printable)" } ?? "")",
                     fix: "check the PCA9685's wiring and address (the I2C checks above); the daemon retries on its own"
                 ))
             }
             if let configuration, configuration.name == status.board, configuration.realtimePriority > 0, !servo.scheduling.hasPrefix("SCHED_FIFO") {
                 findings.append(DoctorFinding(
-                    .warn, "servo path", "asked for SCHED_FIFO \(configuration.realtimePriority), got \(servo.scheduling)",
+                    .warn, "servo path", "asked for SCHED_FIFO \(configuration.realtimePriority), got \(servo.scheduling.printable)",
                     fix: "the unit's LimitRTPRIO= must be at least realtime.priority (`sudo systemctl edit blecontrold`), or set realtime.priority: 0"
                 ))
             }
             if let failsafe = servo.failsafe {
-                findings.append(DoctorFinding(.warn, "servo path", "failsafe active: \(failsafe)", fix: "a central re-enables the channels (ANALOG_OUT_EN) and sends new values"))
+                findings.append(DoctorFinding(.warn, "servo path", "failsafe active: \(failsafe.printable)", fix: "a central re-enables the channels (ANALOG_OUT_EN) and sends new values"))
             }
         }
         if let lcd = status.lcd {
@@ -791,13 +792,13 @@ struct Context {
                 findings.append(DoctorFinding(.ok, "LCD", "online, \(lcd.columns)×\(lcd.rows)"))
             } else {
                 findings.append(DoctorFinding(
-                    .fail, "LCD", "offline\(lcd.error.map { ": \($0)" } ?? "")",
+                    .fail, "LCD", "offline\(lcd.error.map { ": \($0.printable)" } ?? "")",
                     fix: "check the backpack's wiring, address and 5 V supply (the I2C checks above)"
                 ))
             }
         }
         if let led = status.led, let error = led.error {
-            findings.append(DoctorFinding(.warn, "LED", error, fix: "see the LED checks above"))
+            findings.append(DoctorFinding(.warn, "LED", error.printable, fix: "see the LED checks above"))
         }
         return DoctorSection(title: "Daemon", findings: findings)
     }

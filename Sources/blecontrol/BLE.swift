@@ -144,10 +144,11 @@ final class BLESession: FrameLink, @unchecked Sendable {
             link = try central.connect(board, timeout: .seconds(30)) { bytes in box.value?.replies.received(bytes) }
             box.value = self
             if arguments.flag("verbose") {
-                printError("blecontrol: found \(board.name) (\(board.address)) in \(Self.ms(started.duration(to: found))), connected and subscribed in \(Self.ms(found.duration(to: .now)))")
+                printError("blecontrol: found \(board.name.printable) (\(board.address.printable)) in \(Self.ms(started.duration(to: found))), connected and subscribed in \(Self.ms(found.duration(to: .now)))")
             }
         } catch let error as CentralError {
-            throw ExitFailure("\(error)")
+            // It names the device, by the name the device gave itself.
+            throw ExitFailure("\(error)".printable)
         }
     }
 
@@ -162,7 +163,7 @@ final class BLESession: FrameLink, @unchecked Sendable {
         do {
             try link.write(outgoing.bytes, withResponse: outgoing.withResponse)
         } catch {
-            throw ExitFailure("\(error)")
+            throw ExitFailure("\(error)".printable)
         }
     }
 }
@@ -189,12 +190,13 @@ func scanCommand() -> CLICommand { Command(
         try central.scan(for: .seconds(seconds)) { board in
             count += 1
             let rssi = board.rssi.map { "\($0) dBm" } ?? "RSSI n/a"
-            print("\(board.address)  \(rssi.padded(to: 9))  \(board.name)  (after \((started.duration(to: .now).inSeconds * 1000).fixed(0)) ms)")
+            // The name is whatever the device advertises.
+            print("\(board.address.printable)  \(rssi.padded(to: 9))  \(board.name.printable)  (after \((started.duration(to: .now).inSeconds * 1000).fixed(0)) ms)")
             fflush(nil)
         }
         if count == 0 { printError("blecontrol: no BLEControl board found in \(seconds) s") }
     } catch let error as CentralError {
-        throw ExitFailure("\(error)")
+        throw ExitFailure("\(error)".printable)
     }
 } }
 

@@ -146,7 +146,7 @@ final class MQTTLink: FrameLink, @unchecked Sendable {
         connection.onMessage = { [replies] topic, payload in
             guard topic == errors else { return }
             // An ERROR frame starts with FF; anything else is a refusal in words.
-            if payload.first == 0xFF { replies.received(payload) } else { replies.refusedWith(String(decoding: payload, as: UTF8.self)) }
+            if payload.first == 0xFF { replies.received(payload) } else { replies.refusedWith(.printable(payload)) }
         }
         do {
             try connection.subscribe([errors], retained: false)
@@ -157,11 +157,11 @@ final class MQTTLink: FrameLink, @unchecked Sendable {
         }
         let availability = "\(base)/availability"
         let seen = connection.collect(until: .now + .seconds(3)) { $0.contains { $0.topic == availability } }
-        let state = seen.last { $0.topic == availability }.map { String(decoding: $0.payload, as: UTF8.self) }
-        guard state == "online" else {
+        let state = seen.last { $0.topic == availability }?.payload
+        guard state == Array("online".utf8) else {
             connection.close()
-            throw ExitFailure(state == nil ? "no board \(name) on \(connection.broker) (nothing on \(availability); `blecontrol fleet --mqtt \(connection.broker)` lists the boards)"
-                                           : "the board \(name) is \(state ?? "?") on \(connection.broker)")
+            throw ExitFailure(state.map { "the board \(name) is \(String.printable($0)) on \(connection.broker)" }
+                              ?? "no board \(name) on \(connection.broker) (nothing on \(availability); `blecontrol fleet --mqtt \(connection.broker)` lists the boards)")
         }
     }
 
@@ -188,7 +188,7 @@ func mqttStatus(_ arguments: Parsed) throws -> StatusReport {
     do {
         return try JSONDecoderLite().decode(StatusReport.self, from: message.payload)
     } catch {
-        throw ExitFailure("the status on \(topic) is not one this blecontrol reads: \(error)")
+        throw ExitFailure("the status on \(topic) is not one this blecontrol reads: \("\(error)".printable)")
     }
 }
 
@@ -205,25 +205,27 @@ func fleetCommand() -> CLICommand { Command(
     defer { connection.close() }
     let prefix = connection.prefix
     try connection.subscribe(["\(prefix)/+/availability", "\(prefix)/+/status"], retained: true)
-    var boards: [String: (availability: String?, status: StatusReport?)] = [:]
+    // Everything here is the broker's, and any client that may publish
+    // there: the table shows it through String.printable, JSON escapes it.
+    var boards: [String: (availability: [UInt8]?, status: StatusReport?)] = [:]
     for message in connection.collect(until: .now + .milliseconds(wait)) {
         let levels = message.topic.dropFirst(prefix.count + 1).split(separator: "/").map(String.init)
         guard levels.count == 2 else { continue }
         var entry = boards[levels[0]] ?? (nil, nil)
-        if levels[1] == "availability" { entry.availability = String(decoding: message.payload, as: UTF8.self) }
+        if levels[1] == "availability" { entry.availability = message.payload }
         if levels[1] == "status" { entry.status = try? JSONDecoderLite().decode(StatusReport.self, from: message.payload) }
         boards[levels[0]] = entry
     }
-    let rows = boards.keys.sorted().map { name -> (String, String, String, String, String) in
+    let rows = boards.keys.sorted().map { name -> (board: String, availability: [UInt8]?, version: String, failsafe: String, centrals: String) in
         let entry = boards[name]!
         let failsafe = entry.status.map { $0.servo?.failsafe ?? "off" } ?? "?"
         let centrals = entry.status.map { "\($0.sessions.filter { $0.transport != "control" }.count)" } ?? "?"
-        return (name, entry.availability ?? "?", entry.status?.version ?? "?", failsafe, centrals)
+        return (name, entry.availability, entry.status?.version ?? "?", failsafe, centrals)
     }
     if arguments.flag("json") {
         let array = JSONValue.array(rows.map { row in
-            .object([("board", .string(row.0)), ("availability", .string(row.1)), ("version", .string(row.2)),
-                     ("failsafe", .string(row.3)), ("centrals", .string(row.4))])
+            .object([("board", .string(row.board)), ("availability", .string(row.availability.map { String(decoding: $0, as: UTF8.self) } ?? "?")),
+                     ("version", .string(row.version)), ("failsafe", .string(row.failsafe)), ("centrals", .string(row.centrals))])
         })
         print(String(decoding: array.serialized(pretty: true), as: UTF8.self))
         return
@@ -234,6 +236,9 @@ func fleetCommand() -> CLICommand { Command(
     }
     print("BOARD".padded(to: 20) + "  " + "AVAILABILITY".padded(to: 12) + "  " + "VERSION".padded(to: 10) + "  CENTRALS  FAILSAFE")
     for row in rows {
-        print(row.0.padded(to: 20) + "  " + row.1.padded(to: 12) + "  " + row.2.padded(to: 10) + "  " + row.4.padded(to: 8) + "  " + row.3)
+        // The payload's own bytes: invalid UTF-8 shown as such, not as U+FFFD.
+        let availability = row.availability.map { String.printable($0) } ?? "?"
+        print(row.board.printable.padded(to: 20) + "  " + availability.padded(to: 12) + "  " + row.version.printable.padded(to: 10)
+              + "  " + row.centrals.padded(to: 8) + "  " + row.failsafe.printable)
     }
 } }

@@ -1,31 +1,33 @@
 import Control
 import Reactor
 
-/// The human-readable status (also the `watch` screen).
+/// The human-readable status (also the `watch` screen). Every string in a
+/// status is the board's (or, with --mqtt, whoever publishes on its topic)
+/// and is printed through ``Swift/String/printable``.
 enum StatusText {
     static func render(_ status: StatusReport) -> String {
-        var out = "board \(status.board) \(status.simulated ? "(simulated) " : "")· blecontrold \(status.version) · up \(status.uptimeSeconds) s\n"
+        var out = "board \(status.board.printable) \(status.simulated ? "(simulated) " : "")· blecontrold \(status.version.printable) · up \(status.uptimeSeconds) s\n"
         if let lcd = status.lcd {
-            out += "\nLCD \(lcd.columns)×\(lcd.rows) \(lcd.online ? "" : "OFFLINE\(lcd.error.map { ": \($0)" } ?? "")")"
-            if let overlay = lcd.overlay { out += " (showing the board's \(overlay) message)" }
+            out += "\nLCD \(lcd.columns)×\(lcd.rows) \(lcd.online ? "" : "OFFLINE\(lcd.error.map { ": \($0.printable)" } ?? "")")"
+            if let overlay = lcd.overlay { out += " (showing the board's \(overlay.printable) message)" }
             out += "\n"
             let border = "+" + String(repeating: "-", count: lcd.columns) + "+\n"
             out += border
-            for line in lcd.lines { out += "|\(line.padded(to: lcd.columns))|\n" }
+            for line in lcd.lines { out += "|\(line.printable.padded(to: lcd.columns))|\n" }
             out += border
         }
         if !status.channels.isEmpty {
             if let servo = status.servo {
-                out += "\nPCA9685 \(servo.frequencyHz) Hz \(servo.online ? "online" : "OFFLINE\(servo.error.map { ": \($0)" } ?? "")")"
+                out += "\nPCA9685 \(servo.frequencyHz) Hz \(servo.online ? "online" : "OFFLINE\(servo.error.map { ": \($0.printable)" } ?? "")")"
                 if let p50 = servo.latencyP50Us, let p99 = servo.latencyP99Us { out += " · latency p50 \(p50) µs p99 \(p99) µs" }
-                out += " · \(servo.scheduling)\n"
-                if let failsafe = servo.failsafe { out += "FAILSAFE: \(failsafe)\n" }
+                out += " · \(servo.scheduling.printable)\n"
+                if let failsafe = servo.failsafe { out += "FAILSAFE: \(failsafe.printable)\n" }
                 out += "  \(servo.flushes) flushes, \(servo.busWrites) bus writes, \(servo.coalesced) coalesced, \(servo.deadlineMisses) deadline misses, \(servo.failsafes) failsafes\n"
             }
             out += "  ch out role   enabled  last          pulse µs   duty\n"
             for channel in status.channels {
-                let last = channel.command.map { "\($0) \(channel.value ?? 0)" } ?? "-"
-                out += "  " + "\(channel.channel)".padded(left: 2) + " " + "\(channel.output)".padded(left: 3) + " " + channel.role.padded(to: 6)
+                let last = channel.command.map { "\($0.printable) \(channel.value ?? 0)" } ?? "-"
+                out += "  " + "\(channel.channel)".padded(left: 2) + " " + "\(channel.output)".padded(left: 3) + " " + channel.role.printable.padded(to: 6)
                 out += " " + (channel.latched ? "latched" : channel.enabled ? "yes" : "no ").padded(to: 8)
                 out += " " + last.padded(to: 13)
                 out += " " + channel.pulseUs.fixed(1).padded(left: 8) + "  " + ((channel.duty * 100).fixed(1) + "%").padded(left: 6) + "\n"
@@ -34,20 +36,20 @@ enum StatusText {
         if !status.switches.isEmpty {
             out += "\nswitches:\n"
             for item in status.switches {
-                out += "  " + "\(item.switch)".padded(left: 2) + " " + (item.on ? "on " : "off") + "  \(item.output)"
-                if let error = item.error { out += " (\(error))" }
+                out += "  " + "\(item.switch)".padded(left: 2) + " " + (item.on ? "on " : "off") + "  \(item.output.printable)"
+                if let error = item.error { out += " (\(error.printable))" }
                 out += "\n"
             }
         }
-        if let led = status.led { out += "\nLED \(led.pattern) (\(led.lit ? "lit" : "dark"))\n" }
+        if let led = status.led { out += "\nLED \(led.pattern.printable) (\(led.lit ? "lit" : "dark"))\n" }
         out += "\nsessions: \(status.sessions.count)"
-        for session in status.sessions { out += "\n  #\(session.id) \(session.transport) \(session.peer): \(session.frames) frames, \(session.errors) errors" }
+        for session in status.sessions { out += "\n  #\(session.id) \(session.transport.printable) \(session.peer.printable): \(session.frames) frames, \(session.errors) errors" }
         out += "\ncounters: \(status.counters.frames) frames, \(status.counters.errors) errors, \(status.counters.discardedPartials) partial frames discarded"
         if status.counters.refusedConnections > 0 { out += ", \(status.counters.refusedConnections) connections refused (cap)" }
         out += "\n"
-        for (name, state) in status.transports.named { out += "\(name): \(state)\n" }
+        for (name, state) in status.transports.named { out += "\(name): \(state.printable)\n" }
         if let configuration = status.configuration, configuration.reloads > 0 {
-            out += "board file \(configuration.path): \(configuration.reloads) reload\(configuration.reloads == 1 ? "" : "s"), last \(configuration.lastReload ?? "-")\n"
+            out += "board file \(configuration.path.printable): \(configuration.reloads) reload\(configuration.reloads == 1 ? "" : "s"), last \((configuration.lastReload ?? "-").printable)\n"
         }
         return out
     }

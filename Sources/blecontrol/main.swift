@@ -14,7 +14,7 @@ func connect(_ arguments: Parsed) throws -> ControlClient {
     do {
         return try ControlClient(path: arguments.option("socket") ?? ControlClient.defaultPath())
     } catch {
-        throw ExitFailure("\(error)")
+        throw ExitFailure("\(error)".printable)
     }
 }
 
@@ -26,7 +26,8 @@ func askDaemon<T>(_ arguments: Parsed, _ request: (ControlClient) throws -> T) t
     } catch let failure as ExitFailure {
         throw failure
     } catch {
-        throw ExitFailure("\(error)")
+        // The daemon's words (an error reply) among them.
+        throw ExitFailure("\(error)".printable)
     }
 }
 
@@ -90,7 +91,7 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
         do {
             report = try client.status()
         } catch {
-            throw ExitFailure("\(error)")
+            throw ExitFailure("\(error)".printable)
         }
         // Home the cursor and clear below it: redraws in place without the
         // flicker of a full clear.
@@ -106,7 +107,7 @@ let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded w
                           discussion: "The daemon asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
                           options: [socketOption]) { arguments in
     let forgotten = try askDaemon(arguments) { try $0.forgetBonds() }
-    print(forgotten.isEmpty ? "no bonds to forget" : forgotten.map { "forgot \($0)" }.joined(separator: "\n"))
+    print(forgotten.isEmpty ? "no bonds to forget" : forgotten.map { "forgot \($0.printable)" }.joined(separator: "\n"))
 }
 
 /// What blecontrol(1) says beyond the commands and their options.

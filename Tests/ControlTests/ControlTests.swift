@@ -59,4 +59,13 @@ struct ControlTests {
         #expect(ControlProtocol.bytes(fromHex: "zz") == nil)
         #expect(ControlProtocol.hex([0xFF, 0x01, 0x09]) == "ff0109")
     }
+
+    @Test("--json escapes DEL and the C1 controls as well as C0")
+    func jsonControls() throws {
+        var report = ControlTests.sample
+        report.board = "a\u{1b}[2J\u{7f}\u{9b}b"
+        let text = String(decoding: try JSONEncoderLite().encode(report), as: UTF8.self)
+        #expect(text.contains(#""board":"a\u001b[2J\u007f\u009bb""#), "\(text)")
+        #expect(try JSONDecoderLite().decode(StatusReport.self, from: Array(text.utf8)).board == report.board)
+    }
 }
