@@ -17,7 +17,7 @@ public struct DoctorOptions: Sendable {
     /// Where the installed service reads its board file.
     public static let installedBoardPath = "/etc/blecontrol/board.yaml"
     /// The user the systemd unit runs blecontrold as.
-    public static let serviceUser = "blecontrol"
+    public static let serviceUser = ControlClient.serviceUser
     /// The groups the unit gives that user (SupplementaryGroups=).
     public static let serviceGroups = ["i2c", "gpio", "bluetooth", "dialout"]
 
@@ -747,6 +747,9 @@ struct Context {
         let status: StatusReport
         do {
             status = try ControlClient(path: socket, timeout: .seconds(3)).status()
+        } catch let failure as ControlClient.Failure where failure.refused {
+            findings.append(DoctorFinding(.fail, subject, failure.description, fix: "find out who made \(socket) and why; remove it, then start blecontrold"))
+            return DoctorSection(title: "Daemon", findings: findings)
         } catch {
             let fix = isRealBoard
                 ? "`sudo systemctl start blecontrold`; `journalctl -u blecontrold -e` says why it is not running"
