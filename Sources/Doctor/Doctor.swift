@@ -378,12 +378,15 @@ struct Context {
             }
         }
         let broker = "\(mqtt.host):\(mqtt.port)"
+        // From this process, outside the unit's sandbox: what the broker
+        // does, not what the service may do (serviceReach says that).
         if let failure = Sockets.probeTCP(host: mqtt.host, port: mqtt.port, timeout: .seconds(3)) {
-            findings.append(DoctorFinding(.fail, "MQTT broker \(broker)", "not reachable: \(failure)",
+            findings.append(DoctorFinding(.fail, "MQTT broker \(broker)", "not reachable from doctor's own process: \(failure)",
                                           fix: "start the broker, or correct transports.mqtt.broker; `blecontrol fleet --mqtt \(broker)` tries it too"))
         } else {
-            findings.append(DoctorFinding(.ok, "MQTT broker \(broker)", "accepts TCP connections\(mqtt.tls ? " (TLS is checked when the daemon connects)" : "")"))
+            findings.append(DoctorFinding(.ok, "MQTT broker \(broker)", "accepts TCP connections from doctor's own process\(mqtt.tls ? " (TLS is checked when the daemon connects)" : "")"))
         }
+        if let service = serviceReach(host: mqtt.host, port: mqtt.port) { findings.append(service) }
         return DoctorSection(title: "MQTT", findings: findings)
     }
 
