@@ -1,5 +1,6 @@
 import Devices
 import Hardware
+import Reactor
 
 /// The board-file schema: which keys exist, their defaults and limits.
 /// `board/simulator.yaml` is the annotated reference of this schema.
@@ -31,7 +32,11 @@ extension BoardReader {
         var controlSocket = "/run/blecontrol/control.sock"
         if let node = top.entries["control"], let fields = mapping(node, "control", allowed: ["socket"]) {
             controlSocket = string(fields, "socket", default: controlSocket) ?? controlSocket
-            if !controlSocket.hasPrefix("/") { fail(fields.entries["socket"], "control.socket", "must be an absolute path") }
+            // `private`: a directory only the user running the daemon can
+            // write, which is where `blecontrol` looks by default too; a
+            // fixed path in /tmp is a name any local user could take first.
+            if controlSocket == "private" { controlSocket = UserRuntime.simulatorSocketPath() }
+            if !controlSocket.hasPrefix("/") { fail(fields.entries["socket"], "control.socket", "must be an absolute path or private") }
             if controlSocket.utf8.count > 107 { fail(fields.entries["socket"], "control.socket", "is longer than a Unix socket path may be (107 bytes)") }
         }
         var idleTimeout: Duration? = .milliseconds(500)

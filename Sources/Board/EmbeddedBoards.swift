@@ -138,8 +138,13 @@ transports:
   #   keepalive_s: 15             # offline (the will) after 1.5 × this
   #   topic_prefix: blecontrol
 
+# The control socket blecontrol(1) talks to (the service's is
+# /run/blecontrol/control.sock). `private`: one only this user can reach,
+# $XDG_RUNTIME_DIR/blecontrol-simulator.sock, else simulator.sock in
+# /tmp/blecontrol-UID (made with mode 0700), where blecontrol looks when
+# there is no service.
 control:
-  socket: /tmp/blecontrol-simulator.sock
+  socket: private
 
 protocol:
   idle_timeout_ms: 500          # a partial frame older than this is discarded

@@ -8,20 +8,64 @@ import SystemPackage
 public final class ControlClient {
     public struct Failure: Error, CustomStringConvertible {
         public var description: String
-        public init(description: String) { self.description = description }
+        /// The socket was refused: another user's (see ``init(path:timeout:)``).
+        public var refused: Bool
+        public init(description: String, refused: Bool = false) {
+            self.description = description
+            self.refused = refused
+        }
     }
 
     private let fd: FileDescriptor
     private var buffer: [UInt8] = []
 
     /// Connects to the daemon's control socket; `timeout` bounds every reply.
+    ///
+    /// A socket that someone else may have made is refused before anything
+    /// is sent: whoever serves it would read every request and write the
+    /// answers this process prints. The socket file's owner, and the user
+    /// of the process that listens on it (SO_PEERCRED), must each be root,
+    /// this process's user or the service's (``serviceUser``).
     public init(path: String, timeout: Duration = .seconds(5)) throws {
+        var info = stat()
+        if lstat(path, &info) == 0, let refusal = Self.refusal(path: path, owner: info.st_uid, what: "the socket file belongs to") {
+            throw Failure(description: refusal, refused: true)
+        }
         do {
             fd = try Sockets.connectUnix(path: path)
         } catch {
             throw Failure(description: "cannot connect to \(path): \(error) — is blecontrold running? (--socket or BLECONTROL_SOCKET to choose another)")
         }
+        guard let peer = Sockets.peerUID(fd) else {
+            try? fd.close()
+            throw Failure(description: "refusing \(path): the kernel does not say who serves it (SO_PEERCRED)", refused: true)
+        }
+        if let refusal = Self.refusal(path: path, owner: peer, what: "the process serving it runs as") {
+            try? fd.close()
+            throw Failure(description: refusal, refused: true)
+        }
         Sockets.setReceiveTimeout(fd, timeout)
+    }
+
+    /// The account the installed service runs as (its unit's User=):
+    /// `/run/blecontrol/control.sock` is its socket.
+    public static let serviceUser = "blecontrol"
+
+    /// Whether a control socket of user `uid` may be trusted by this
+    /// process: root's, its own user's, or the service account's (which
+    /// only root can create).
+    public static func trusts(owner uid: uid_t) -> Bool {
+        if uid == 0 || uid == getuid() || uid == geteuid() { return true }
+        guard let service = getpwnam(serviceUser) else { return false }
+        return service.pointee.pw_uid == uid
+    }
+
+    private static func refusal(path: String, owner: uid_t, what: String) -> String? {
+        guard !trusts(owner: owner) else { return nil }
+        let you = getuid() == 0 ? "" : ", you (\(UserRuntime.userName(getuid())))"
+        return "refusing the control socket \(path): \(what) \(UserRuntime.userName(owner)), "
+            + "neither root\(you) nor the service user \(serviceUser); "
+            + "it could read every request and forge the answers. Remove it, or name your daemon's socket with --socket"
     }
 
     deinit { try? fd.close() }
@@ -88,14 +132,11 @@ public final class ControlClient {
     }
 
     /// The default socket: `$BLECONTROL_SOCKET`, else the installed daemon's,
-    /// else the simulator's.
+    /// else the simulator's of this user (``UserRuntime/simulatorSocketPath(runtimeDirectory:uid:)``).
     public static func defaultPath() -> String {
         if let path = Files.environment("BLECONTROL_SOCKET") { return path }
         let installed = "/run/blecontrol/control.sock"
         if Files.exists(installed) { return installed }
-        return simulatorSocketPath
+        return UserRuntime.simulatorSocketPath()
     }
-
-    /// Where the simulator board puts its control socket.
-    public static let simulatorSocketPath = "/tmp/blecontrol-simulator.sock"
 }

@@ -17,7 +17,7 @@ public struct DoctorOptions: Sendable {
     /// Where the installed service reads its board file.
     public static let installedBoardPath = "/etc/blecontrol/board.yaml"
     /// The user the systemd unit runs blecontrold as.
-    public static let serviceUser = "blecontrol"
+    public static let serviceUser = ControlClient.serviceUser
     /// The groups the unit gives that user (SupplementaryGroups=).
     public static let serviceGroups = ["i2c", "gpio", "bluetooth", "dialout"]
 
@@ -378,12 +378,15 @@ struct Context {
             }
         }
         let broker = "\(mqtt.host):\(mqtt.port)"
+        // From this process, outside the unit's sandbox: what the broker
+        // does, not what the service may do (serviceReach says that).
         if let failure = Sockets.probeTCP(host: mqtt.host, port: mqtt.port, timeout: .seconds(3)) {
-            findings.append(DoctorFinding(.fail, "MQTT broker \(broker)", "not reachable: \(failure)",
+            findings.append(DoctorFinding(.fail, "MQTT broker \(broker)", "not reachable from doctor's own process: \(failure)",
                                           fix: "start the broker, or correct transports.mqtt.broker; `blecontrol fleet --mqtt \(broker)` tries it too"))
         } else {
-            findings.append(DoctorFinding(.ok, "MQTT broker \(broker)", "accepts TCP connections\(mqtt.tls ? " (TLS is checked when the daemon connects)" : "")"))
+            findings.append(DoctorFinding(.ok, "MQTT broker \(broker)", "accepts TCP connections from doctor's own process\(mqtt.tls ? " (TLS is checked when the daemon connects)" : "")"))
         }
+        if let service = serviceReach(host: mqtt.host, port: mqtt.port) { findings.append(service) }
         return DoctorSection(title: "MQTT", findings: findings)
     }
 
@@ -450,6 +453,10 @@ struct Context {
 
     // MARK: Service
 
+    /// The installed service's unit: what runs the daemon, and whose
+    /// sandbox its connections go through.
+    static let serviceUnit = "blecontrold.service"
+
     func checkService() -> DoctorSection {
         var findings: [DoctorFinding] = []
         let user = DoctorOptions.serviceUser
@@ -501,11 +508,8 @@ struct Context {
         guard Files.exists( "/run/systemd/system") else {
             return isRealBoard ? DoctorFinding(.warn, subject, "not checked: systemd is not running here") : nil
         }
-        guard let text = SystemInspector.output(of: "/usr/bin/systemctl", [
-            "show", "blecontrold.service", "--property=LoadState,ActiveState,SubState,UnitFileState,Result",
-        ]) ?? SystemInspector.output(of: "/bin/systemctl", [
-            "show", "blecontrold.service", "--property=LoadState,ActiveState,SubState,UnitFileState,Result",
-        ]) else {
+        let show = ["show", Self.serviceUnit, "--property=LoadState,ActiveState,SubState,UnitFileState,Result"]
+        guard let text = system.run("/usr/bin/systemctl", show) ?? system.run("/bin/systemctl", show) else {
             return DoctorFinding(.warn, subject, "not checked: systemctl did not answer")
         }
         var properties: [String: String] = [:]
@@ -549,21 +553,31 @@ struct Context {
         }
         let level = neededLevel
 
-        let pids = system.processes(named: "bluetoothd")
-        if let pid = pids.first {
-            let version = bluetoothdVersion(pid: pid)
-            findings.append(DoctorFinding(.ok, "bluetoothd", "running (pid \(pid)), \(version.map { "BlueZ \($0)" } ?? "version unknown (bluetoothd --version did not answer)")"))
+        // Any user can name a process bluetoothd: only root's is BlueZ's,
+        // and nothing of the others is read or run.
+        let named = system.processes(named: "bluetoothd")
+        let bluetoothd = named.first(where: \.isRoot)
+        if let bluetoothd {
+            let version = bluetoothdVersion()
+            findings.append(DoctorFinding(.ok, "bluetoothd", "running (pid \(bluetoothd.pid)), \(version.map { "BlueZ \($0)" } ?? "version unknown (no root-owned bluetoothd in the usual places answered --version, and dpkg lists no bluez)")"))
             if let version, Self.isOlder(version, than: [5, 50]) {
                 findings.append(DoctorFinding(
                     .warn, "bluetoothd", "BlueZ \(version) is older than 5.50: its LE advertising and GATT server interfaces may need --experimental",
                     fix: "upgrade bluez (Raspberry Pi OS bookworm ships 5.66)"
                 ))
             }
-            findings.append(pairingPopUp(pid: pid))
+            findings.append(pairingPopUp(pid: bluetoothd.pid))
         } else {
             findings.append(DoctorFinding(
                 level, "bluetoothd", "not running\(isRealBoard ? "" : " (the simulator runs on TCP without it)")",
                 fix: "`sudo apt install bluez && sudo systemctl enable --now bluetooth`"
+            ))
+        }
+        for impostor in named where !impostor.isRoot {
+            let user = impostor.uids.map { SystemInspector.userName($0.real) } ?? "an unknown user"
+            findings.append(DoctorFinding(
+                .warn, "bluetoothd", "pid \(impostor.pid) is named bluetoothd but runs as \(user), not root: not BlueZ's, ignored",
+                fix: "`ps -o user,pid,args -p \(impostor.pid)` shows what it is"
             ))
         }
 
@@ -584,7 +598,7 @@ struct Context {
             } else {
                 findings.append(DoctorFinding(.ok, "rfkill", "\(switches.map(\.name).joined(separator: ", ")) not blocked"))
             }
-            findings.append(adapterPowered(adapter, level: level, bluetoothdRunning: !pids.isEmpty))
+            findings.append(adapterPowered(adapter, level: level, bluetoothdRunning: bluetoothd != nil))
         } else {
             let others = adapters.filter { $0 != adapter }
             let fix: String
@@ -702,21 +716,26 @@ struct Context {
         }
     }
 
-    /// "5.66" from `bluetoothd --version`, trying where distributions put it.
-    private func bluetoothdVersion(pid: Int32) -> String? {
-        guard system.root == "/" || system.root.isEmpty else { return nil }
-        var candidates = ["/usr/libexec/bluetooth/bluetoothd", "/usr/lib/bluetooth/bluetoothd", "/usr/sbin/bluetoothd", "/usr/bin/bluetoothd"]
-        if let executable = Doctor.linkTarget("/proc/\(pid)/exe") {
-            candidates.insert(executable, at: 0)
-        }
-        for candidate in candidates {
-            if let text = SystemInspector.output(of: candidate, ["--version"]),
+    /// Where distributions install bluetoothd.
+    static let bluetoothdPaths = ["/usr/libexec/bluetooth/bluetoothd", "/usr/lib/bluetooth/bluetoothd", "/usr/sbin/bluetoothd", "/usr/bin/bluetoothd"]
+
+    /// "5.66": `bluetoothd --version` of the first of ``bluetoothdPaths``
+    /// that only root can have put there, else the bluez package's version.
+    /// Never the running process's `/proc/PID/exe`: doctor runs as root,
+    /// and that file is whatever its owner chose.
+    private func bluetoothdVersion() -> String? {
+        for candidate in Self.bluetoothdPaths where system.untrustedExecutable(candidate) == nil {
+            if let text = system.run(system.path(candidate), ["--version"]),
                let first = text.split(whereSeparator: \.isWhitespace).first,
                first.first?.isNumber == true {
                 return String(first)
             }
         }
-        return nil
+        // 5.66-1+rpt1+deb12u2, 1:5.66-1: the upstream version.
+        guard let package = system.installedPackageVersion("bluez") else { return nil }
+        let upstream = package.split(separator: ":", maxSplits: 1).last ?? Substring(package)
+        let version = upstream.prefix { $0.isNumber || $0 == "." }
+        return version.isEmpty ? nil : String(version)
     }
 
     static func isOlder(_ version: String, than minimum: [Int]) -> Bool {
@@ -747,6 +766,9 @@ struct Context {
         let status: StatusReport
         do {
             status = try ControlClient(path: socket, timeout: .seconds(3)).status()
+        } catch let failure as ControlClient.Failure where failure.refused {
+            findings.append(DoctorFinding(.fail, subject, failure.description, fix: "find out who made \(socket) and why; remove it, then start blecontrold"))
+            return DoctorSection(title: "Daemon", findings: findings)
         } catch {
             let fix = isRealBoard
                 ? "`sudo systemctl start blecontrold`; `journalctl -u blecontrold -e` says why it is not running"

@@ -6,18 +6,26 @@ import Reactor
 
 /// Read-only facts about the machine for `blecontrol doctor`: processes,
 /// sysfs, users and device nodes. Kernel trees (`/proc`, `/sys`, `/boot`) and
-/// configuration files are looked up under ``root``, and GPIO chips through
-/// ``gpio``, so tests can hand it a made-up machine; users and groups come
+/// configuration files are looked up under ``root``, GPIO chips through
+/// ``gpio`` and programs are run through ``run``, so tests can hand it a
+/// made-up machine (and see what would be executed); users and groups come
 /// from the name service, device nodes from their real paths.
 public struct SystemInspector: Sendable {
+    /// Runs a program with arguments and returns its output, nil when it
+    /// cannot be run or does not finish in time.
+    public typealias ProgramRunner = @Sendable (_ executable: String, _ arguments: [String]) -> String?
+
     /// Where `/proc`, `/sys`, `/boot` and `/etc` are looked up ("/" normally).
     public var root: String
     /// The GPIO chips and their lines (libgpiod on /dev normally).
     public var gpio: any GPIOChipCatalog
+    /// How programs are run (``Subprocess`` normally, with a 3 s bound).
+    public var run: ProgramRunner
 
-    public init(root: String = "/", gpio: any GPIOChipCatalog = SystemGPIOChips()) {
+    public init(root: String = "/", gpio: any GPIOChipCatalog = SystemGPIOChips(), run: @escaping ProgramRunner = { Subprocess.output(of: $0, $1) }) {
         self.root = root
         self.gpio = gpio
+        self.run = run
     }
 
     /// `path` (absolute) under ``root``.
@@ -26,9 +34,10 @@ public struct SystemInspector: Sendable {
         return (root.hasSuffix("/") ? String(root.dropLast()) : root) + path
     }
 
-    /// The file's text without surrounding white space, nil if unreadable.
-    public func read(_ absolutePath: String) -> String? {
-        Files.text(path(absolutePath))?.trimmed
+    /// The file's text without surrounding white space, nil if unreadable
+    /// or larger than `limit` bytes.
+    public func read(_ absolutePath: String, limit: Int = 1 << 20) -> String? {
+        Files.text(path(absolutePath), limit: limit)?.trimmed
     }
 
     public func exists(_ absolutePath: String) -> Bool {
@@ -42,13 +51,67 @@ public struct SystemInspector: Sendable {
 
     // MARK: Processes
 
-    /// Process ids whose `/proc/PID/comm` is `name` (the kernel truncates
-    /// comm to 15 bytes, which "bluetoothd" fits).
-    public func processes(named name: String) -> [Int32] {
-        list("/proc").compactMap { entry -> Int32? in
+    /// A process and the user it runs as.
+    public struct RunningProcess: Sendable, Equatable {
+        public var pid: Int32
+        /// The real and the effective user id (`/proc/PID/status`'s `Uid:`
+        /// line), nil when it could not be read.
+        public var uids: (real: UInt32, effective: UInt32)?
+
+        /// Started by root and running as root: a process no other user can
+        /// have started or taken over (a setuid program started by someone
+        /// else keeps that someone as its real user).
+        public var isRoot: Bool { uids.map { $0.real == 0 && $0.effective == 0 } ?? false }
+
+        public static func == (lhs: Self, rhs: Self) -> Bool {
+            lhs.pid == rhs.pid && lhs.uids?.real == rhs.uids?.real && lhs.uids?.effective == rhs.uids?.effective
+        }
+    }
+
+    /// The processes whose `/proc/PID/comm` is `name`, by pid (the kernel
+    /// truncates comm to 15 bytes, which "bluetoothd" fits). Any user can
+    /// give a process any name: only ``RunningProcess/isRoot`` says it is
+    /// the system's.
+    public func processes(named name: String) -> [RunningProcess] {
+        list("/proc").compactMap { entry -> RunningProcess? in
             guard let pid = Int32(entry), read("/proc/\(entry)/comm") == name else { return nil }
-            return pid
-        }.sorted()
+            return RunningProcess(pid: pid, uids: processUIDs(pid))
+        }.sorted { $0.pid < $1.pid }
+    }
+
+    /// From the `Uid:` line of `/proc/PID/status` (proc(5): real, effective,
+    /// saved, file system). Not the owner of `/proc/PID`: the kernel makes
+    /// that root for any process that is not dumpable, which a process can
+    /// make itself with one prctl.
+    private func processUIDs(_ pid: Int32) -> (real: UInt32, effective: UInt32)? {
+        guard let status = read("/proc/\(pid)/status") else { return nil }
+        for line in status.split(separator: "\n") where line.hasPrefix("Uid:") {
+            let ids = line.dropFirst(4).split(whereSeparator: { $0 == " " || $0 == "\t" }).compactMap { UInt32($0) }
+            return ids.count >= 2 ? (ids[0], ids[1]) : nil
+        }
+        return nil
+    }
+
+    /// Why running the program at `absolutePath` (under ``root``) could run
+    /// something root did not put there, nil when it could not: the file
+    /// and every directory above it must be owned by root, writable by
+    /// nobody else, and none of them a symbolic link (whose target would
+    /// need the same checks).
+    public func untrustedExecutable(_ absolutePath: String) -> String? {
+        let components = absolutePath.split(separator: "/").map(String.init)
+        var current = ""
+        for (index, component) in ([""] + components).enumerated() {
+            if index > 0 { current += "/" + component }
+            var info = stat()
+            let shown = current.isEmpty ? "/" : current
+            guard lstat(path(shown), &info) == 0 else { return "\(shown) does not exist" }
+            let type = info.st_mode & S_IFMT
+            if type == S_IFLNK { return "\(shown) is a symbolic link" }
+            if index == components.count ? type != S_IFREG : type != S_IFDIR { return "\(shown) is not a \(index == components.count ? "file" : "directory")" }
+            if info.st_uid != 0 { return "\(shown) belongs to \(Self.userName(info.st_uid)), not root" }
+            if info.st_mode & 0o022 != 0 { return "\(shown) is writable by others than root (mode \(String(info.st_mode & 0o7777, radix: 8)))" }
+        }
+        return nil
     }
 
     // MARK: Bluetooth
@@ -437,11 +500,27 @@ public struct SystemInspector: Sendable {
         )
     }
 
-    // MARK: Programs
+    // MARK: Packages
 
-    /// Runs a program and returns its standard output (and error), or nil
-    /// when it cannot be run or does not finish within `timeout`.
-    public static func output(of executable: String, _ arguments: [String], timeout: Duration = .seconds(3)) -> String? {
-        Subprocess.output(of: executable, arguments, timeout: timeout)
+    /// The version of Debian package `name` as dpkg has it installed
+    /// (`5.66-1+rpt1+deb12u2`), nil when it is not installed.
+    public func installedPackageVersion(_ name: String) -> String? {
+        // dpkg's status file is a few megabytes on a full system.
+        guard let status = read("/var/lib/dpkg/status", limit: 64 << 20) else { return nil }
+        // Stanzas of `Field: value` lines, one blank line between them.
+        var package: Substring?, installed = false, version: Substring?
+        for line in status.split(separator: "\n", omittingEmptySubsequences: false) + [Substring("")] {
+            if line.isEmpty {
+                if package == Substring(name), installed, let version { return String(version) }
+                (package, installed, version) = (nil, false, nil)
+            } else if line.hasPrefix("Package: ") {
+                package = line.dropFirst("Package: ".count)
+            } else if line.hasPrefix("Status: ") {
+                installed = line.hasSuffix(" installed")
+            } else if line.hasPrefix("Version: ") {
+                version = line.dropFirst("Version: ".count)
+            }
+        }
+        return nil
     }
 }

@@ -33,13 +33,7 @@ extension SystemInspector {
         if let main = Self.systemdConfigurationDirectories.map({ "\($0)/\(name)" }).first(where: exists) {
             files.append(main)
         }
-        var dropIns: [String: String] = [:]
-        for directory in Self.systemdConfigurationDirectories.reversed() {
-            for entry in list("\(directory)/\(name).d") where entry.hasSuffix(".conf") {
-                dropIns[entry] = "\(directory)/\(name).d/\(entry)"
-            }
-        }
-        files += dropIns.keys.sorted().compactMap { dropIns[$0] }
+        files += dropIns(["\(name).d"], in: Self.systemdConfigurationDirectories)
 
         var settings: [String: SystemdSetting] = [:]
         for file in files {
@@ -48,6 +42,44 @@ extension SystemInspector {
             }
         }
         return settings
+    }
+
+    /// The `*.conf` files of the drop-in directories `names` (least specific
+    /// first) under `directories` (most important first), in the order
+    /// systemd reads them: by file name, whatever directory each is in, a
+    /// file hiding one of the same name in a less important or less
+    /// specific directory.
+    func dropIns(_ names: [String], in directories: [String]) -> [String] {
+        var byName: [String: String] = [:]
+        for name in names {
+            for directory in directories.reversed() {
+                for entry in list("\(directory)/\(name)") where entry.hasSuffix(".conf") {
+                    byName[entry] = "\(directory)/\(name)/\(entry)"
+                }
+            }
+        }
+        return byName.keys.sorted().compactMap { byName[$0] }
+    }
+
+    /// Where `systemctl set-property` puts its drop-ins (in /run with
+    /// --runtime), and systemd those of transient units: before the unit
+    /// directories (systemd.unit(5), "Unit File Load Path").
+    static let unitControlDirectories = ["/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient"]
+
+    /// Every assignment of a service's unit file and its drop-ins
+    /// (`NAME.service.d/`, and `service.d/` for every service), as
+    /// `Section.Key`, in the order systemd applies them; nil when the unit
+    /// is not installed or is masked. What an assignment means (a list that
+    /// grows, an empty one that resets it, a value the last one sets) is
+    /// the caller's to say.
+    func unitAssignments(_ unit: String) -> [(key: String, setting: SystemdSetting)]? {
+        guard let file = Self.unitDirectories.map({ "\($0)/\(unit)" }).first(where: exists),
+              Doctor.linkTarget(path(file)) != "/dev/null" else { return nil }
+        let type = unit.split(separator: ".").last.map(String.init) ?? "service"
+        let files = [file] + dropIns(["\(type).d", "\(unit).d"], in: Self.unitControlDirectories + Self.unitDirectories)
+        return files.flatMap { file in
+            Self.iniAssignments(read(file) ?? "").map { (key: $0.0, setting: SystemdSetting(value: $0.1, file: file)) }
+        }
     }
 
     /// `Section.Key` → value of an INI file such as bluetoothd's main.conf

@@ -133,6 +133,19 @@ public enum Sockets {
         return FileDescriptor(rawValue: fd)
     }
 
+    /// The user id of the process at the other end of a connected Unix
+    /// socket, as the kernel recorded it when that process called
+    /// `listen` or `connect` (SO_PEERCRED, unix(7)); nil if it cannot say.
+    public static func peerUID(_ fd: FileDescriptor) -> uid_t? {
+        // struct ucred is pid_t, uid_t, gid_t: three 32-bit fields (the
+        // struct itself is only declared under _GNU_SOURCE).
+        var credentials: (Int32, UInt32, UInt32) = (0, 0, 0)
+        var length = socklen_t(MemoryLayout.size(ofValue: credentials))
+        guard getsockopt(fd.rawValue, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
+              Int(length) == MemoryLayout.size(ofValue: credentials) else { return nil }
+        return credentials.1
+    }
+
     /// O_NONBLOCK and FD_CLOEXEC on a descriptor made by something else.
     public static func makeNonBlockingCloseOnExec(_ fd: Int32) {
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)

@@ -128,7 +128,8 @@ let manual = Manual(section: 1, sections: [
     ]),
     Manual.Section("Files", [
         .item("/run/blecontrol/control.sock", "The service's control socket (members of group blecontrol may use it)."),
-        .item("/tmp/blecontrol-simulator.sock", "The simulator board's control socket, used when the service's is absent."),
+        .item("$XDG_RUNTIME_DIR/blecontrol-simulator.sock", "The simulator board's control socket for this user, used when the service's is absent."),
+        .item("/tmp/blecontrol-UID/simulator.sock", "The same without $XDG_RUNTIME_DIR (in a directory of mode 0700 the daemon makes)."),
         .item("/etc/blecontrol/board.yaml", "The board file doctor checks by default (blecontrol-board(5))."),
     ]),
     Manual.Section("Examples", [
@@ -156,7 +157,9 @@ Command(
     discussion: """
     Frames go through the daemon's control socket as one session, exactly as a central's would: the same dispatcher, \
     the same ERROR replies. The socket is --socket, else $BLECONTROL_SOCKET, else /run/blecontrol/control.sock if it \
-    exists, else the simulator's /tmp/blecontrol-simulator.sock. With --ble NAME|ADDRESS the frames go over the air \
+    exists, else the simulator's of this user ($XDG_RUNTIME_DIR/blecontrol-simulator.sock, or \
+    /tmp/blecontrol-UID/simulator.sock without it). A socket whose file or whose daemon belongs to a user other than \
+    root, you or the service user blecontrol is refused before anything is sent. With --ble NAME|ADDRESS the frames go over the air \
     instead, through bluetoothd, to any board in range (`blecontrol scan` lists them); with --mqtt NAME@BROKER through \
     an MQTT broker (`blecontrol fleet --mqtt BROKER` lists the boards on it).
     """,

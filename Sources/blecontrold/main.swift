@@ -109,9 +109,21 @@ let run = Command(
         logger.warning("lock_memory: mlockall failed (\(String(cString: strerror(errno)))); raise LimitMEMLOCK or run as root")
     }
 
+    let socketPath = arguments.option("socket") ?? configuration.controlSocketPath
+    if Files.directory(of: socketPath) == UserRuntime.fallbackDirectory() {
+        // The private directory of `control.socket: private` without
+        // $XDG_RUNTIME_DIR: made 0700 here, before the control server
+        // would make it with the usual 0755.
+        do {
+            try UserRuntime.makePrivateDirectory(UserRuntime.fallbackDirectory())
+        } catch {
+            logger.critical("cannot start: the control socket's directory: \(error)")
+            throw ExitFailure.silent(1)
+        }
+    }
     let runtime: BoardRuntime
     do {
-        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: arguments.option("socket"))
+        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socketPath)
     } catch {
         logger.critical("cannot start: \(error)")
         throw ExitFailure.silent(1)
@@ -163,6 +175,8 @@ let manual = Manual(section: 8, sections: [
         .item("/etc/blecontrol/board.yaml", "The board file the service runs (blecontrol-board(5)); kept across upgrades."),
         .item("/usr/share/blecontrol/boards/", "Example board files: raspberry-pi.yaml, rc-car.yaml, hexapod.yaml, simulator.yaml (the built-in simulator board)."),
         .item("/run/blecontrol/control.sock", "The control socket blecontrol(1) talks to (the board file's control.socket)."),
+        .item("$XDG_RUNTIME_DIR/blecontrol-simulator.sock", "The built-in simulator board's control socket (control.socket: private), in the directory only its user can write."),
+        .item("/tmp/blecontrol-UID/simulator.sock", "The same without $XDG_RUNTIME_DIR: the daemon makes the directory with mode 0700, and refuses one that belongs to another user or that others may write."),
         .item("/usr/share/doc/blecontrol/protocol.md", "The BLEControl wire protocol: frames, the ERROR reply, the LCD length rule."),
     ]),
     Manual.Section("Exit status", [

@@ -17,7 +17,11 @@ final class MadeUpMachine {
 
     deinit { try? FileManager.default.removeItem(atPath: root) }
 
-    var system: SystemInspector { SystemInspector(root: root) }
+    /// The machine's inspector; a made-up machine runs no program unless
+    /// the test says what happens (`run`).
+    func system(run: @escaping SystemInspector.ProgramRunner = { _, _ in nil }) -> SystemInspector {
+        SystemInspector(root: root, run: run)
+    }
 
     /// Writes `text` at the absolute machine path `path`.
     func write(_ path: String, _ text: String) throws {
@@ -111,11 +115,11 @@ final class MadeUpMachine {
 
 /// The doctor's checks of one run against `machine`, with the simulator
 /// board (its checks need no hardware).
-func context(_ machine: MadeUpMachine) -> Context {
+func context(_ machine: MadeUpMachine, run: @escaping SystemInspector.ProgramRunner = { _, _ in nil }) -> Context {
     Context(options: DoctorOptions(
         boardPath: repositoryRoot.appendingPathComponent("board/simulator.yaml").path,
         socketPath: "/nonexistent/blecontrol.sock",
-        system: machine.system
+        system: machine.system(run: run)
     ))
 }
 

@@ -13,7 +13,7 @@ private func piBoard(_ edit: (String) -> String = { $0 }) throws -> BoardConfigu
 
 /// The doctor's checks against `machine` with these GPIO chips.
 private func context(_ machine: MadeUpMachine, chips: MadeUpChips) -> Context {
-    var system = machine.system
+    var system = machine.system()
     system.gpio = chips
     return Context(options: DoctorOptions(boardPath: "board.yaml", socketPath: "/nonexistent/blecontrol.sock", system: system))
 }

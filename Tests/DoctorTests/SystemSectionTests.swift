@@ -165,7 +165,7 @@ struct SystemSectionTests {
         try machine.write("/usr/lib/systemd/journald.conf.d/50-a.conf", "[Journal]\nSystemMaxUse=2G\n")
         try machine.write("/etc/systemd/journald.conf.d/50-a.conf", "[Journal]\nSystemMaxUse=3G\n")
         try machine.write("/usr/lib/systemd/journald.conf.d/60-b.conf", "[Journal]\nRuntimeMaxUse=8M\n")
-        let settings = machine.system.systemdSettings("journald.conf")
+        let settings = machine.system().systemdSettings("journald.conf")
         #expect(settings["Journal.SystemMaxUse"] == SystemdSetting(value: "3G", file: "/etc/systemd/journald.conf.d/50-a.conf"))
         #expect(settings["Journal.RuntimeMaxUse"]?.value == "8M")
         #expect(settings["Journal.MaxRetentionSec"]?.file == "/etc/systemd/journald.conf")

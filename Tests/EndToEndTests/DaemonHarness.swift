@@ -91,14 +91,26 @@ final class SimulatorDaemon {
     private(set) var tcpPort: UInt16 = 0
     private let log: URL
 
-    init(extraArguments: [String] = [], environment: [String: String] = [:], binary: String = Executables.daemon) throws {
+    /// `user`: run it as this user (and its group, no others) through
+    /// setpriv(1), the test being root; its directory is then that user's,
+    /// and readiness is seen with a raw status request (`blecontrol`
+    /// refuses a socket of another user's).
+    /// `defaultSocket`: no --socket; the daemon makes its socket where the
+    /// board file says, and this is where that is.
+    init(extraArguments: [String] = [], environment: [String: String] = [:], binary: String = Executables.daemon,
+         user: uid_t? = nil, defaultSocket: String? = nil) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-e2e-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        socketPath = directory.appendingPathComponent("control.sock").path
+        socketPath = defaultSocket ?? directory.appendingPathComponent("control.sock").path
         log = directory.appendingPathComponent("daemon.log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["--socket", socketPath, "--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
+        process.arguments = (defaultSocket == nil ? ["--socket", socketPath] : []) + ["--tcp", "127.0.0.1:0", "--log-level", "debug"] + extraArguments
+        if let user {
+            chown(directory.path, user, user)
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            process.arguments = ["--reuid=\(user)", "--regid=\(user)", "--clear-groups", binary] + (process.arguments ?? [])
+        }
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }
@@ -111,7 +123,7 @@ final class SimulatorDaemon {
         let deadline = ContinuousClock.now + .seconds(30)
         while true {
             if !process.isRunning { throw HarnessError(description: "blecontrold exited (\(process.terminationStatus)):\n\(self.log(tail: 40))") }
-            if FileManager.default.fileExists(atPath: socketPath), let status = try? status(),
+            if FileManager.default.fileExists(atPath: socketPath), let status = try? (user == nil ? status() : rawStatus()),
                let tcp = (status["transports"] as? [String: Any])?["tcp"] as? String,
                let port = tcp.split(separator: ":").last.flatMap({ UInt16($0) }), port != 0 {
                 tcpPort = port
@@ -216,6 +228,25 @@ extension SimulatorDaemon {
             return true
         }
         return String(decoding: received, as: UTF8.self)
+    }
+
+    /// The status, asked for on the control socket without `blecontrol`.
+    func rawStatus() throws -> [String: Any] {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError(description: "socket: \(errno)") }
+        defer { close(fd) }
+        guard withUnixAddress(socketPath, { connect(fd, $0, $1) }) == 0 else { throw HarnessError(description: "connect \(socketPath): \(errno)") }
+        _ = Array(#"{"op":"status"}"#.utf8 + [0x0A]).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var received: [UInt8] = []
+        receiveChunks(from: fd, until: .now + .seconds(10)) { chunk in
+            received += chunk
+            return !received.contains(0x0A)
+        }
+        guard let reply = try JSONSerialization.jsonObject(with: Data(received)) as? [String: Any],
+              let status = reply["status"] as? [String: Any] else {
+            throw HarnessError(description: "no status in \(String(decoding: received, as: UTF8.self))")
+        }
+        return status
     }
 }
 

@@ -142,6 +142,7 @@ struct DoctorTests {
         let board = try boardWithMissingBus(in: scratch)
         let root = "machine"
         try scratch.write("\(root)/proc/4242/comm", "bluetoothd\n")
+        try scratch.write("\(root)/proc/4242/status", "Name:\tbluetoothd\nUid:\t0\t0\t0\t0\n")
         try scratch.write("\(root)/proc/4243/comm", "bash\n")
         try scratch.write("\(root)/sys/class/bluetooth/hci0/rfkill3/name", "hci0\n")
         try scratch.write("\(root)/sys/class/bluetooth/hci0/rfkill3/type", "bluetooth\n")
@@ -176,6 +177,7 @@ struct DoctorTests {
         let board = try boardWithMissingBus(in: scratch)
         let root = "machine"
         try scratch.write("\(root)/proc/4242/comm", "bluetoothd\n")
+        try scratch.write("\(root)/proc/4242/status", "Name:\tbluetoothd\nUid:\t0\t0\t0\t0\n")
         func popUp() throws -> (line: String, fix: String?) {
             let result = try run(Executables.cli, [
                 "doctor", "--board", board, "--socket", scratch.url.appendingPathComponent("none.sock").path,
