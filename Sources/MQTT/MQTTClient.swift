@@ -73,6 +73,12 @@ public final class MQTTClient: @unchecked Sendable {
     /// Messages read per wakeup: a flood on the broker yields the loop to
     /// its other descriptors between batches (the loop is level-triggered).
     public static let readBatch = 32
+    /// Payload bytes handed to `onMessage` per wakeup, at most (one message
+    /// may pass it): a batch of the largest messages a broker lets through
+    /// would otherwise hold the loop for as long as they take to handle.
+    public static let readBytes = 16 * 1024
+    /// Payload bytes delivered since the current wakeup's drain began.
+    private var drained = 0
 
     /// Loads libmosquitto and sets the client up (nothing is sent yet).
     /// - Parameter will: published by the broker if the connection dies
@@ -128,6 +134,7 @@ public final class MQTTClient: @unchecked Sendable {
                 return this.onOversize(String(cString: topic), size)
             }
             let payload = message.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
+            this.drained += size
             this.onMessage(String(cString: topic), payload, message.retain)
         }
     }
@@ -234,17 +241,22 @@ public final class MQTTClient: @unchecked Sendable {
         watch()
     }
 
-    /// Reads up to `readBatch` packets: libmosquitto reads one per call when
+    /// Reads up to `readBatch` packets (and `readBytes` of payload):
+    /// libmosquitto reads one per call when
     /// it has nothing queued. Without TLS the kernel says what is left; with
     /// TLS, OpenSSL may hold whole records the socket no longer signals, so
     /// the batch is read out (a call with nothing there returns at once).
     @discardableResult
     private func drain() -> Int32 {
+        drained = 0
         for _ in 0..<Self.readBatch {
             let fd = api.pointee.socket(client)
             guard fd >= 0 else { return 0 }
             let code = api.pointee.loop_read(client, 1)
             if code != 0 { return code }
+            // The rest waits for the next wakeup, after the loop's other
+            // descriptors (with TLS, for the next tick).
+            if drained >= Self.readBytes { return 0 }
             if endpoint.caFile == nil {
                 var pending: Int32 = 0
                 if ioctl(fd, UInt(FIONREAD), &pending) != 0 || pending == 0 { return 0 }

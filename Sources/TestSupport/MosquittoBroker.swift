@@ -214,6 +214,25 @@ public final class MosquittoBroker: @unchecked Sendable {
         try publish(topic, Array(text.utf8), retain: retain)
     }
 
+    /// One `mosquitto_pub -l` as the operator: each of `lines` a message
+    /// on `topic`, in order, over one connection.
+    public func publish(_ topic: String, lines: [String]) throws {
+        let file = "\(directory)/lines-\(UUID().uuidString)"
+        try (lines.joined(separator: "\n") + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/mosquitto_pub")
+        process.arguments = ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "-t", topic, "-l"]
+        process.standardInput = try FileHandle(forReadingFrom: URL(fileURLWithPath: file))
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        try check(process.terminationStatus, "mosquitto_pub -l")
+    }
+
+    /// What the broker logged so far.
+    public var log: String { (try? String(contentsOfFile: "\(directory)/broker.log", encoding: .utf8)) ?? "" }
+
     /// The retained message on `topic` (as hex when `hex`), or nil.
     public func retained(_ topic: String, hex: Bool = false) -> String? {
         // "Timed out" (on stderr) when there is none.

@@ -97,8 +97,10 @@ final class SimulatorDaemon {
     /// refuses a socket of another user's).
     /// `defaultSocket`: no --socket; the daemon makes its socket where the
     /// board file says, and this is where that is.
+    /// `journal`: the daemon's stderr (the log file) passes for systemd's
+    /// journal stream ($JOURNAL_STREAM), so it writes `<N>` priorities.
     init(extraArguments: [String] = [], environment: [String: String] = [:], binary: String = Executables.daemon,
-         user: uid_t? = nil, defaultSocket: String? = nil) throws {
+         user: uid_t? = nil, defaultSocket: String? = nil, journal: Bool = false) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-e2e-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         socketPath = defaultSocket ?? directory.appendingPathComponent("control.sock").path
@@ -110,6 +112,12 @@ final class SimulatorDaemon {
             chown(directory.path, user, user)
             process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
             process.arguments = ["--reuid=\(user)", "--regid=\(user)", "--clear-groups", binary] + (process.arguments ?? [])
+        }
+        var environment = environment
+        if journal {
+            var info = stat()
+            guard stat(log.path, &info) == 0 else { throw HarnessError(description: "stat \(log.path)") }
+            environment["JOURNAL_STREAM"] = "\(info.st_dev):\(info.st_ino)"
         }
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }

@@ -254,3 +254,32 @@ struct FailsafeOwnershipTransportTests {
         #expect(eventually { board.duty(4) == 0 })
     }
 }
+
+@Suite("A central's ERROR replies, on virtual time")
+struct ReplyBudgetTests {
+    @Test("8000 bad frames in one write: a burst of 8 replies, the rest counted; the budget refills at 20 a second; the control socket gets every reply")
+    func budget() throws {
+        let board = try EmulatedBoard()
+        let loop = ManualLoop()
+        var logger = Logger(label: "t")
+        logger.logLevel = .critical
+        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        var replies: [UInt8] = []
+        let central = hub.open(transport: .mqtt, peer: "flood") { replies += $0 }
+        let garbage = (0..<16_000).map { UInt8($0 % 2 == 0 ? 0x09 : 0x00) }
+        hub.receive(garbage, for: central)
+        #expect(replies.count == 8 * 3)
+        #expect(replies.prefix(3) == [0xFF, 0x01, 0x09])
+        #expect(central.counters.errors == 8000)
+        #expect(central.counters.repliesDropped == 8000 - 8)
+        loop.advance(to: loop.now + .milliseconds(500))
+        replies.removeAll()
+        hub.receive(garbage, for: central)
+        #expect(replies.count == 8 * 3, "half a second refilled 8 (20 a second, at most the burst)")
+
+        var operatorReplies = 0
+        let cli = hub.open(transport: .control, peer: "cli") { _ in operatorReplies += 1 }
+        hub.receive(Array(garbage.prefix(200)), for: cli)
+        #expect(operatorReplies == 100, "an operator's request is answered whole")
+    }
+}

@@ -51,3 +51,18 @@ struct EscapingTests {
         #expect(shown.unicodeScalars.count == 61 && shown.hasSuffix("\\x1b…"), "\(shown)")
     }
 }
+
+@Suite("One place in the code logs at most a burst a window")
+struct LogLimiterTests {
+    @Test("A burst per window per key, the rest counted and said by the next line let through; keys apart")
+    func burstThenHeldBack() {
+        let limiter = LogLimiter(burst: 3, window: .seconds(60))
+        let t0 = ContinuousClock.now
+        let verdicts = (0..<10).map { limiter.admit("a.swift:1", at: t0 + .seconds($0)) }
+        #expect(verdicts == [.log(heldBack: 0), .log(heldBack: 0), .log(heldBack: 0)] + Array(repeating: .drop, count: 7))
+        #expect(limiter.admit("b.swift:2", at: t0 + .seconds(10)) == .log(heldBack: 0), "another place has its own burst")
+        #expect(limiter.admit("a.swift:1", at: t0 + .seconds(59)) == .drop, "still the first window")
+        #expect(limiter.admit("a.swift:1", at: t0 + .seconds(60)) == .log(heldBack: 8), "a new window: the line says 8 were held back")
+        #expect(limiter.admit("a.swift:1", at: t0 + .seconds(61)) == .log(heldBack: 0))
+    }
+}

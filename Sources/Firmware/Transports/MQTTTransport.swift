@@ -231,7 +231,7 @@ public final class MQTTTransport: @unchecked Sendable {
         case .message(let message):
             hub.receive(FrameEncoder.encode(message), for: session)
         case .invalid(let why):
-            refuse("\(topic.escaped(maximumLength: 128)): \(why)", session: session)
+            refuse("\(topic): \(why)", session: session)
         case .ignored:
             break
         }
@@ -241,17 +241,18 @@ public final class MQTTTransport: @unchecked Sendable {
     /// Packet Size): dropped unread, counted, answered once.
     private func oversize(_ topic: String, _ size: Int) {
         guard let session else { return }
-        refuse("\(topic.escaped(maximumLength: 128)): a message of \(size) bytes, more than \(Self.maximumPacketSize): dropped", session: session)
+        refuse("\(topic): a message of \(size) bytes, more than \(Self.maximumPacketSize): dropped", session: session)
     }
 
     /// A message refused before it reached the session: counted as the
     /// session's error, logged (rate-limited by the log), and answered on
     /// `…/errors` within the session's reply budget. `why` quotes at most
-    /// ``quotedPayload`` bytes of the payload, escaped.
+    /// ``quotedPayload`` bytes of the payload; the log escapes it, and so
+    /// does the reply (the topic is bounded by the packet size).
     private func refuse(_ why: String, session: Session) {
         logger.warning("MQTT: \(why)")
         guard session.refused(at: loop.now) else { return }
-        client?.publish(topics.errors, Array(why.utf8))
+        client?.publish(topics.errors, Array(why.escaped(maximumLength: 512).utf8))
     }
 
     /// Publishes every entity's config and deletes (an empty retained
@@ -336,10 +337,11 @@ public struct MQTTTopics: Sendable, Equatable {
         guard topic.hasPrefix(base + "/") else { return .ignored }
         let levels = topic.dropFirst(base.count + 1).split(separator: "/", omittingEmptySubsequences: false)
         guard levels.count == 3, levels[2] == "set" else { return .ignored }
-        guard let index = UInt8(levels[1]) else { return .invalid("\(String(levels[1]).escaped(maximumLength: 16)) is not a channel number (0…255)") }
+        guard let index = UInt8(levels[1]) else { return .invalid("\(levels[1].prefix(16)) is not a channel number (0…255)") }
         let text = String(decoding: payload, as: UTF8.self).trimmed
-        // What is quoted back: a short, escaped prefix, never the payload.
-        let quoted = "\"" + String(escaping: payload.prefix(MQTTTransport.quotedPayload), maximumLength: MQTTTransport.quotedPayload * 4) + (payload.count > MQTTTransport.quotedPayload ? "…" : "") + "\""
+        // What is quoted back: a short prefix, never the payload (escaped
+        // where it is written: the log, the reply on …/errors).
+        let quoted = "\"" + String(decoding: payload.prefix(MQTTTransport.quotedPayload), as: UTF8.self) + (payload.count > MQTTTransport.quotedPayload ? "…" : "") + "\""
         switch levels[0] {
         case "servo", "pwm":
             guard let value = UInt16(text), value <= 1000 else { return .invalid("\(quoted) is not a value 0…1000") }
@@ -356,7 +358,7 @@ public struct MQTTTopics: Sendable, Equatable {
             guard payload.count <= Message.maximumTextLength else { return .invalid("text longer than \(Message.maximumTextLength) bytes") }
             return .message(.lcdText(line: index, text: payload.filter { $0 != 0 }))
         default:
-            return .invalid("\(String(levels[0]).escaped(maximumLength: 16)) is not an output kind (servo, pwm, switch, enable, lcd)")
+            return .invalid("\(levels[0].prefix(16)) is not an output kind (servo, pwm, switch, enable, lcd)")
         }
     }
 }
