@@ -310,6 +310,24 @@ public struct StatusReport: Codable, Sendable, Equatable {
 
 /// What `{"op":"poll"}` answers: the few figures a script or benchmark
 /// polls in a tight loop, without building a whole status.
+extension StatusReport {
+    /// The report with `secret` (a pairing passkey) replaced by asterisks
+    /// wherever it shows: the BLE transport's state and the LCD's lines. For
+    /// everyone who may not see it: the broker, and control-socket callers
+    /// other than root and the daemon's own user.
+    public func hiding(_ secret: String?) -> StatusReport {
+        guard let secret, !secret.isEmpty else { return self }
+        let mask = String(repeating: "*", count: secret.count)
+        var report = self
+        report.transports.ble = report.transports.ble?.replacing(secret, with: mask)
+        if var lcd = report.lcd {
+            lcd.lines = lcd.lines.map { $0.replacing(secret, with: mask) }
+            report.lcd = lcd
+        }
+        return report
+    }
+}
+
 public struct PollReport: Codable, Sendable, Equatable {
     /// Frames dispatched since start (every transport).
     public var frames: Int

@@ -104,7 +104,7 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
 }
 
 let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded with the board (ble.security: encrypted or authenticated); each must pair again.",
-                          discussion: "The daemon asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
+                          discussion: "Root only (or the daemon's own user): the daemon refuses anyone else. It asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
                           options: [socketOption]) { arguments in
     let forgotten = try askDaemon(arguments) { try $0.forgetBonds() }
     print(forgotten.isEmpty ? "no bonds to forget" : forgotten.map { "forgot \($0.printable)" }.joined(separator: "\n"))

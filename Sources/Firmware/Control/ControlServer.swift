@@ -18,6 +18,9 @@ public final class ControlServer: @unchecked Sendable {
     /// the owner right after init, because they need the whole runtime.
     var statusProvider: (() -> StatusReport)?
     var pollProvider: (() -> PollReport)?
+    /// The pairing passkey on display, if any: hidden from callers that are
+    /// not trusted (``Client/trusted``).
+    var secretProvider: (() -> String?)?
     /// Forgets the BLE bonds and completes (on any thread) with the
     /// addresses forgotten; nil when the board has no BLE.
     var bondsForgetter: ((@escaping @Sendable (Result<[String], any Error>) -> Void) -> Void)?
@@ -31,10 +34,19 @@ public final class ControlServer: @unchecked Sendable {
     // Loop-confined like its server.
     private final class Client: @unchecked Sendable {
         let connection: StreamConnection
+        /// Root, or the daemon's own user (who could read its memory
+        /// anyway): may see a pairing passkey and forget bonds. Anyone else
+        /// the socket lets in (group blecontrol) drives the outputs and
+        /// reads the status without the passkey. From SO_PEERCRED, which
+        /// the caller cannot choose.
+        let trusted: Bool
         var session: Session?
         var buffer: [UInt8] = []
         var replies: [UInt8] = []
-        init(connection: StreamConnection) { self.connection = connection }
+        init(connection: StreamConnection, trusted: Bool) {
+            self.connection = connection
+            self.trusted = trusted
+        }
     }
 
     public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
@@ -65,7 +77,8 @@ public final class ControlServer: @unchecked Sendable {
     }
 
     private func accepted(_ fd: FileDescriptor) {
-        let client = Client(connection: StreamConnection(fd: fd, loop: loop))
+        let uid = Sockets.peerUID(fd)
+        let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid())
         let key = ObjectIdentifier(client)
         clients[key] = client
         listener?.openConnections = clients.count
@@ -111,13 +124,19 @@ public final class ControlServer: @unchecked Sendable {
             guard let statusProvider else {
                 return respond(ControlProtocol.Response(ok: false, error: "status is not available yet"), to: client)
             }
-            respond(ControlProtocol.Response(ok: true, status: statusProvider()), to: client)
+            let status = statusProvider()
+            respond(ControlProtocol.Response(ok: true, status: client.trusted ? status : status.hiding(secretProvider?())), to: client)
         case .poll:
             guard let pollProvider else {
                 return respond(ControlProtocol.Response(ok: false, error: "poll is not available yet"), to: client)
             }
             respond(ControlProtocol.Response(ok: true, poll: pollProvider()), to: client)
         case .forgetBonds:
+            // Every bond of the adapter goes (the phones of other programs
+            // too): root's decision, not any member of group blecontrol's.
+            guard client.trusted else {
+                return respond(ControlProtocol.Response(ok: false, error: "forget-bonds removes every bond of the adapter: run it as root (sudo blecontrol forget-bonds)"), to: client)
+            }
             guard let bondsForgetter else {
                 return respond(ControlProtocol.Response(ok: false, error: "BLE is not enabled on this board: no bonds to forget"), to: client)
             }

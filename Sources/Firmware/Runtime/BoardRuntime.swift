@@ -35,6 +35,9 @@ public final class BoardRuntime: @unchecked Sendable {
     var watch: FailsafeWatch?
     private var indicator: StatusIndicator?
     var transportState = StatusReport.Transports()
+    /// The pairing passkey on display (nil: none): never published, shown
+    /// only to trusted control-socket callers.
+    private var passkey: String?
     var reloads = 0
     var lastReload: String?
     private let stopLock = Lock()
@@ -74,6 +77,7 @@ public final class BoardRuntime: @unchecked Sendable {
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
         control.pollProvider = { [unowned self] in self.pollOnLoop() }
+        control.secretProvider = { [unowned self] in self.passkey }
         if configuration.ble.enabled {
             control.bondsForgetter = { [unowned self] done in self.ble.forgetBonds(done) }
         }
@@ -111,7 +115,9 @@ public final class BoardRuntime: @unchecked Sendable {
             }
             if let mqtt {
                 mqtt.onState = { [unowned self] state in transportState.mqtt = state }
-                mqtt.statusProvider = { [unowned self] in self.statusOnLoop() }
+                // What the broker keeps is read by anyone who may subscribe:
+                // no passkey, or `ble.security: authenticated` means nothing.
+                mqtt.statusProvider = { [unowned self] in self.statusOnLoop().hiding(self.passkey) }
                 mqtt.start()
             }
             try control.start(path: controlSocketPath)
@@ -214,6 +220,7 @@ public final class BoardRuntime: @unchecked Sendable {
             servo.engageFailsafe(reason: Self.commanderLeftReason(session, outputs))
         }
         ble.onPasskey = { [unowned self] passkey in
+            self.passkey = passkey
             guard let lcd = parts.lcd else { return }
             lcd.show(.passkey, passkey.map { passkey in
                 // The passkey on the bottom line; the rows above show through.
