@@ -109,9 +109,12 @@ public struct ChannelConfiguration: Sendable, Equatable {
     public var failsafeDwell: Duration
     /// Which PCA9685 of the board (index into ``ServoConfiguration/chips``).
     public var chip: Int = 0
+    /// What the user calls it ("steering", "throttle"): shown by Home
+    /// Assistant, `blecontrol status` and `watch`; nil: "Servo N" and the like.
+    public var name: String?
 
     public init(channel: Int, output: Int, role: ChannelRole, minimum: Microseconds, center: Microseconds, maximum: Microseconds,
-                invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0) {
+                invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0, name: String? = nil) {
         self.channel = channel
         self.output = output
         self.role = role
@@ -122,6 +125,12 @@ public struct ChannelConfiguration: Sendable, Equatable {
         self.failsafe = failsafe
         self.failsafeDwell = failsafeDwell
         self.chip = chip
+        self.name = name
+    }
+
+    /// Its name, or what it is called without one: "Servo 0", "ESC 4", "PWM 5".
+    public var displayName: String {
+        name ?? "\(role == .esc ? "ESC" : role == .pwm ? "PWM" : "Servo") \(channel)"
     }
 }
 
@@ -176,6 +185,14 @@ public struct LCDConfiguration: Sendable, Equatable {
     /// Characters per bus transaction: the unit the servo path may have to
     /// wait behind.
     public var charsPerTransaction: Int
+    /// What the user calls each line, top first (`lcd.line_names`); lines
+    /// without one are "LCD line N".
+    public var lineNames: [String] = []
+
+    /// Line `row`'s name, or "LCD line N".
+    public func lineName(_ row: Int) -> String {
+        row < lineNames.count ? lineNames[row] : "LCD line \(row)"
+    }
 }
 
 /// One SWITCH_VAL output (docs/protocol.md, "SWITCH_VAL").
@@ -209,12 +226,18 @@ public struct SwitchConfiguration: Sendable, Equatable {
     public var output: Output
     /// What a failsafe sets it to (off unless the board file says on).
     public var safeOn: Bool
+    /// What the user calls it ("headlights", "horn"); nil: "Switch N".
+    public var name: String?
 
-    public init(index: Int, output: Output, safeOn: Bool = false) {
+    public init(index: Int, output: Output, safeOn: Bool = false, name: String? = nil) {
         self.index = index
         self.output = output
         self.safeOn = safeOn
+        self.name = name
     }
+
+    /// Its name, or "Switch N".
+    public var displayName: String { name ?? "Switch \(index)" }
 }
 
 /// The status LED.
@@ -326,6 +349,9 @@ public struct MQTTConfiguration: Sendable, Equatable {
     /// Home Assistant discovery: the board as a device, an entity per output.
     public var discovery = true
     public var discoveryPrefix = "homeassistant"
+    /// Where the board's control page is served, for Home Assistant's
+    /// device page ("Visit"); nil: none.
+    public var configurationURL: String?
 
     public init(host: String, port: UInt16) {
         self.host = host

@@ -87,7 +87,7 @@ extension BoardReader {
         let channelOutputs = Set(servo?.channels.map { ChipOutput(chip: $0.chip, output: $0.output) } ?? [])
         for (position, item) in items.enumerated() {
             let field = "switches[\(position)]"
-            guard let fields = mapping(item, field, allowed: ["switch", "emulated", "chip", "line", "line_name", "active_low", "output", "safe"]) else { continue }
+            guard let fields = mapping(item, field, allowed: ["switch", "emulated", "chip", "line", "line_name", "active_low", "output", "safe", "name"]) else { continue }
             // docs/protocol.md: the switch index is one byte.
             let index = integer(fields, "switch", in: 0...255, required: true)
             let safeOn = choice(fields, "safe", ["off": false, "on": true], default: false) ?? false
@@ -134,7 +134,7 @@ extension BoardReader {
                 indexLines[index] = fields.entries["switch"]?.line ?? item.line
             }
             guard let index, let output else { continue }
-            result.append(SwitchConfiguration(index: index, output: output, safeOn: safeOn))
+            result.append(SwitchConfiguration(index: index, output: output, safeOn: safeOn, name: outputName(fields, "name", field: "\(field).name")))
         }
         return result.sorted { $0.index < $1.index }
     }
@@ -307,7 +307,7 @@ extension BoardReader {
             let field = "servo.channels[\(index)]"
             guard let fields = mapping(item, field, allowed: [
                 "channel", "output", "role", "min_us", "center_us", "max_us", "invert",
-                "failsafe", "failsafe_us", "failsafe_dwell_ms",
+                "failsafe", "failsafe_us", "failsafe_dwell_ms", "name",
             ]) else { continue }
             // docs/protocol.md: a channel is one byte.
             let channel = integer(fields, "channel", in: 0...255, required: true)
@@ -343,7 +343,8 @@ extension BoardReader {
             result.append(ChannelConfiguration(
                 channel: channel, output: output.output, role: role,
                 minimum: Microseconds(minimum), center: Microseconds(center), maximum: Microseconds(maximum),
-                invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell), chip: output.chip
+                invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell), chip: output.chip,
+                name: outputName(fields, "name", field: "\(field).name")
             ))
         }
         return result
@@ -373,7 +374,7 @@ extension BoardReader {
 
     private func display(_ node: Node, buses: [String: BusConfiguration]) -> LCDConfiguration? {
         guard let fields = mapping(node, "lcd", allowed: [
-            "bus", "address", "columns", "rows", "pins", "chars_per_transaction",
+            "bus", "address", "columns", "rows", "pins", "chars_per_transaction", "line_names",
         ]) else { return nil }
         let bus = checkBus(fields, buses)
         // PCF8574 0x20–0x27, PCF8574A 0x38–0x3F; other addresses are allowed
@@ -393,8 +394,21 @@ extension BoardReader {
             do { try pins.validate() } catch let error as PCF8574PinMap.ValidationError { fail(pinNode, "lcd.pins", error.reason) } catch { fail(pinNode, "lcd.pins", "\(error)") }
         }
         let chunk = integer(fields, "chars_per_transaction", in: 1...20, default: 4)
+        var lineNames: [String] = []
+        if let namesNode = fields.entries["line_names"] {
+            if case .sequence(let items, _) = namesNode {
+                for (index, item) in items.enumerated() {
+                    if let name = outputName(item, field: "lcd.line_names[\(index)]") { lineNames.append(name) }
+                }
+                if let rows, items.count > rows { fail(namesNode, "lcd.line_names", "names \(items.count) lines; the display has \(rows)") }
+            } else {
+                fail(namesNode, "lcd.line_names", "must be a list of names, top line first, such as [Speed, Status]")
+            }
+        }
         guard let bus, let address, let columns, let rows, let chunk else { return nil }
-        return LCDConfiguration(bus: bus, address: address, columns: columns, rows: rows, pins: pins, charsPerTransaction: chunk)
+        var lcd = LCDConfiguration(bus: bus, address: address, columns: columns, rows: rows, pins: pins, charsPerTransaction: chunk)
+        lcd.lineNames = lineNames
+        return lcd
     }
 
     /// `led` and `servo.output_enable`: one GPIO output line.
@@ -511,7 +525,7 @@ extension BoardReader {
     fileprivate func mqttTransport(_ fields: Fields?) -> MQTTConfiguration? {
         guard let node = fields?.entries["mqtt"], let mqtt = mapping(node, "transports.mqtt", allowed: [
             "enabled", "broker", "client_id", "topic_prefix", "keepalive_s", "username", "password_file",
-            "ca_file", "cert_file", "key_file", "status_interval_ms", "discovery", "discovery_prefix",
+            "ca_file", "cert_file", "key_file", "status_interval_ms", "discovery", "discovery_prefix", "configuration_url",
         ]) else { return nil }
         guard bool(mqtt, "enabled", default: true) else { return nil }
         var configuration = MQTTConfiguration(host: "", port: 1883)
@@ -562,6 +576,14 @@ extension BoardReader {
             }
             configuration.discoveryPrefix = prefix
         }
+        if let url = string(mqtt, "configuration_url") {
+            // Home Assistant accepts only these (its device registry's rule).
+            let scheme = url.split(separator: ":", maxSplits: 1).first.map(String.init) ?? ""
+            if !["http", "https", "homeassistant"].contains(scheme) || !url.contains(":") || url.contains(where: { $0.isWhitespace }) {
+                fail(mqtt.entries["configuration_url"], "transports.mqtt.configuration_url", "\"\(url)\" is not an http:// or https:// URL")
+            }
+            configuration.configurationURL = url
+        }
         return configuration
     }
 }
@@ -588,4 +610,31 @@ struct ChipOutput: Hashable, CustomStringConvertible {
     var chip: Int
     var output: Int
     var description: String { chip == 0 ? "\(output)" : "\(chip):\(output)" }
+}
+
+extension BoardReader {
+    /// A name for an output (`name:` of a channel or switch, an entry of
+    /// `lcd.line_names`): 1 to 40 characters, none of them a control
+    /// character (it is shown in Home Assistant, status lines and logs).
+    fileprivate func outputName(_ fields: Fields, _ key: String, field: String) -> String? {
+        guard let node = fields.entries[key] else { return nil }
+        return outputName(node, field: field)
+    }
+
+    fileprivate func outputName(_ node: Node, field: String) -> String? {
+        guard let text = node.scalarText else {
+            fail(node, field, "must be a name such as steering")
+            return nil
+        }
+        let name = text.trimmed
+        guard !name.isEmpty, name.count <= 40 else {
+            fail(node, field, "must be 1 to 40 characters")
+            return nil
+        }
+        guard !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) else {
+            fail(node, field, "must not contain control characters")
+            return nil
+        }
+        return name
+    }
 }

@@ -5,7 +5,7 @@ import Hardware
 /// One place for the arithmetic of docs/protocol.md's SERVO_VAL and PWM_VAL.
 extension ChannelConfiguration {
     /// The original firmware's timers: 1 MHz tick, 20 000-tick (50 Hz) period.
-    static let originalPeriod = Microseconds(20_000)
+    public static let originalPeriod = Microseconds(20_000)
 
     /// SERVO_VAL: width = 1000 µs + value µs. Servo and ESC channels clamp it to
     /// the nominal range, mirror it when inverted and apply their calibration
@@ -33,6 +33,25 @@ extension ChannelConfiguration {
         case .servo, .esc:
             return .pulse(safePulse(duty * Self.originalPeriod.value))
         }
+    }
+
+    /// The SERVO_VAL that makes this servo or ESC channel produce `pulse`
+    /// (clamped to its calibrated range): ``output(forServoValue:)``
+    /// undone, calibration and inversion included, rounded to the nearest
+    /// value. For Home Assistant, which speaks in µs.
+    public func servoValue(forPulse pulse: Microseconds) -> UInt16 {
+        let nominal = Self.nominal
+        let width = min(max(pulse.value, minimum.value), maximum.value)
+        var value: Double
+        if width <= center.value {
+            let span = center.value - minimum.value
+            value = nominal.minimum + (span > 0 ? (width - minimum.value) / span : 0) * (nominal.center - nominal.minimum)
+        } else {
+            let span = maximum.value - center.value
+            value = nominal.center + (span > 0 ? (width - center.value) / span : 0) * (nominal.maximum - nominal.center)
+        }
+        if invert { value = nominal.minimum + nominal.maximum - value }
+        return UInt16(min(max((value - nominal.minimum).rounded(), 0), 1000))
     }
 
     /// The original board's nominal servo range: 1000…2000 µs, centre 1500.

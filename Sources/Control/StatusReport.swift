@@ -21,8 +21,17 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var duty: Double
         /// An ESC stopped by a failsafe, waiting for ANALOG_OUT_EN on.
         public var latched: Bool
+        /// The board file's name for it, if any.
+        public var name: String?
+        /// What its last command asks for, in the unit a user thinks in: the
+        /// pulse in µs (servo and ESC channels, calibration applied) or the
+        /// duty in % (PWM channels), whether or not the output is enabled;
+        /// nil when never commanded. Absent from older daemons.
+        public var setpointUs: Double?
+        public var setpointPercent: Double?
 
-        public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool) {
+        public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool,
+                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil) {
             self.channel = channel
             self.output = output
             self.chip = chip
@@ -33,12 +42,17 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.pulseUs = pulseUs
             self.duty = duty
             self.latched = latched
+            self.name = name
+            self.setpointUs = setpointUs
+            self.setpointPercent = setpointPercent
         }
 
         enum CodingKeys: String, CodingKey {
             case channel, output, chip, role, enabled, command, value
             case pulseUs = "pulse_us"
-            case duty, latched
+            case duty, latched, name
+            case setpointUs = "setpoint_us"
+            case setpointPercent = "setpoint_percent"
         }
     }
 
@@ -48,12 +62,15 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// Where it goes: "gpiochip0:GPIO22", "pca9685 0x40 output 12", "emulated".
         public var output: String
         public var error: String?
+        /// The board file's name for it, if any.
+        public var name: String?
 
-        public init(switch index: Int, on: Bool, output: String, error: String? = nil) {
+        public init(switch index: Int, on: Bool, output: String, error: String? = nil, name: String? = nil) {
             self.switch = index
             self.on = on
             self.output = output
             self.error = error
+            self.name = name
         }
     }
 
@@ -139,8 +156,10 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// covers it; nil when the display shows the centrals' text.
         public var overlay: String?
         public var busWrites: Int
+        /// The board file's names for the lines (`lcd.line_names`), if any.
+        public var lineNames: [String]?
 
-        public init(online: Bool, error: String?, columns: Int, rows: Int, lines: [String], overlay: String? = nil, busWrites: Int) {
+        public init(online: Bool, error: String?, columns: Int, rows: Int, lines: [String], overlay: String? = nil, busWrites: Int, lineNames: [String]? = nil) {
             self.online = online
             self.error = error
             self.columns = columns
@@ -148,11 +167,13 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.lines = lines
             self.overlay = overlay
             self.busWrites = busWrites
+            self.lineNames = lineNames
         }
 
         enum CodingKeys: String, CodingKey {
             case online, error, columns, rows, lines, overlay
             case busWrites = "bus_writes"
+            case lineNames = "line_names"
         }
     }
 

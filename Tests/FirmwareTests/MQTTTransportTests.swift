@@ -2,6 +2,7 @@ import BLEControlProtocol
 import Board
 import Control
 import Foundation
+import Hardware
 import Reactor
 import Testing
 import TestSupport
@@ -225,7 +226,8 @@ struct MQTTTransportTests {
 /// and those each requires.
 private let homeAssistantKeys: [String: (allowed: Set<String>, required: Set<String>)] = {
     let common: Set<String> = ["name", "unique_id", "availability_topic", "device", "object_id", "icon", "entity_category", "enabled_by_default",
-                               "payload_available", "payload_not_available", "qos", "encoding", "json_attributes_topic", "default_entity_id"]
+                               "payload_available", "payload_not_available", "qos", "encoding", "json_attributes_topic", "json_attributes_template",
+                               "default_entity_id", "origin"]
     return [
         "number": (common.union(["command_topic", "command_template", "state_topic", "value_template", "min", "max", "step", "mode",
                                  "optimistic", "retain", "unit_of_measurement", "device_class", "payload_reset"]), ["command_topic"]),
@@ -271,8 +273,11 @@ struct MQTTDiscoveryTests {
                 Issue.record("\(topic): no device")
             }
         }
-        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"command_topic\":\"blecontrol/simulator/servo/0/set\"") == true)
-        #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"max\":1000") == true)
+        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"command_topic\":\"blecontrol/simulator/pulse/0/set\"") == true)
+        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"unit_of_measurement\":\"µs\"") == true)
+        #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"max\":100") == true)
+        #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"unit_of_measurement\":\"%\"") == true)
+        #expect(configs["homeassistant/switch/\(node)/enable_5/config"]?.contains("\"entity_category\":\"config\"") == true)
         #expect(configs["homeassistant/text/\(node)/lcd_1/config"]?.contains("\"max\":16") == true)
         #expect(configs["homeassistant/binary_sensor/\(node)/failsafe/config"]?.contains("\"state_topic\":\"blecontrol/simulator/failsafe\"") == true)
 
@@ -311,7 +316,9 @@ struct MQTTTopicTests {
         #expect(topics.command(topic: "blecontrol/rc-car/servo/0/set", payload: Array("1001".utf8)) == .invalid("\"1001\" is not a value 0…1000"))
         #expect(topics.command(topic: "blecontrol/rc-car/servo/x/set", payload: Array("1".utf8)) == .invalid("x is not a channel number (0…255)"))
         #expect(topics.command(topic: "blecontrol/rc-car/motor/0/set", payload: Array("1".utf8))
-                == .invalid("motor is not an output kind (servo, pwm, switch, enable, lcd)"))
+                == .invalid("motor is not an output kind (servo, pulse, pwm, switch, enable, lcd)"))
+        #expect(topics.command(topic: "blecontrol/rc-car/pulse/3/set", payload: Array("1500.0".utf8)) == .pulse(channel: 3, microseconds: 1500))
+        #expect(topics.command(topic: "blecontrol/rc-car/pulse/3/set", payload: Array("fast".utf8)) == .invalid("\"fast\" is not a pulse in µs (such as 1500)"))
         #expect(topics.command(topic: "blecontrol/rc-car/status", payload: []) == .ignored)
     }
 
@@ -322,5 +329,52 @@ struct MQTTTopicTests {
         #expect(!MQTTConfiguration.isTopicLevel("site//robots", allowSlash: true))
         #expect(!MQTTConfiguration.isTopicLevel("+", allowSlash: true))
         #expect(!MQTTConfiguration.isTopicLevel("/robots", allowSlash: true))
+    }
+}
+
+@Suite("A pulse in µs back to the SERVO_VAL that gives it")
+struct PulseToValueTests {
+    @Test("Every value survives the round trip through its pulse, calibrated and inverted alike; pulses beyond the range clamp")
+    func roundTrip() throws {
+        let yaml = """
+        name: t
+        buses: { main: { emulated: true } }
+        servo:
+          bus: main
+          channels:
+            - { channel: 0, output: 0, role: servo }
+            - { channel: 1, output: 1, role: servo, min_us: 600, center_us: 1480, max_us: 2400 }
+            - { channel: 2, output: 2, role: esc, min_us: 1100, max_us: 1900, invert: true }
+        """
+        let channels = try #require(try BoardFile.parse(yaml, path: "t.yaml").servo?.channels)
+        for channel in channels {
+            for value in stride(from: UInt16(0), through: 1000, by: 1) {
+                guard case .pulse(let width) = channel.output(forServoValue: value) else {
+                    Issue.record("channel \(channel.channel) gave no pulse")
+                    continue
+                }
+                #expect(channel.servoValue(forPulse: width) == value, "channel \(channel.channel), value \(value), \(width.value) µs")
+            }
+        }
+        #expect(channels[1].servoValue(forPulse: Microseconds(100)) == 0)
+        #expect(channels[1].servoValue(forPulse: Microseconds(5000)) == 1000)
+        #expect(channels[2].servoValue(forPulse: Microseconds(1900)) == 0, "inverted: the top of the range is SERVO_VAL 0")
+    }
+
+    @Test("Over MQTT: …/pulse/N/set moves a calibrated servo to that pulse; a PWM channel refuses it")
+    func overMQTT() throws {
+        let broker = try Broker()
+        let board = try RunningBoard(yaml: broker.boardYAML().replacingOccurrences(of: "{ channel: 1, output: 1, role: servo, min_us: 1000, max_us: 2000 }",
+                                                                                   with: "{ channel: 1, output: 1, role: servo, min_us: 600, center_us: 1480, max_us: 2400, invert: true }"))
+        #expect(eventually { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
+        let errors = try Subscriber(broker, topics: ["blecontrol/simulator/errors"])
+        try broker.publish("blecontrol/simulator/enable/1/set", "ON")
+        try broker.publish("blecontrol/simulator/pulse/1/set", "2100")
+        // One SERVO_VAL step is 1.84 µs of this calibration.
+        #expect(eventually { abs(board.pulse(1) - 2100) < 2 }, "\(board.pulse(1))")
+        #expect(eventually { abs(((try? board.runtime.status().channels.first { $0.channel == 1 }?.setpointUs) ?? 0) - 2100) < 2 })
+        try broker.publish("blecontrol/simulator/pulse/5/set", "1500")
+        #expect(eventually { errors.payloads("blecontrol/simulator/errors").contains(hex(Array("blecontrol/simulator/pulse/5/set: channel 5 is a PWM channel: use …/pwm/5/set".utf8))) },
+                "\(errors.lines)")
     }
 }

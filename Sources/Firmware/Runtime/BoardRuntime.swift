@@ -70,9 +70,12 @@ public final class BoardRuntime: @unchecked Sendable {
         tcp = TCPTransport(loop: loop, hub: hub, maxConnections: configuration.tcp?.maxConnections ?? 64, logger: logger)
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         let (loop, hub, logger) = (loop, hub, logger)
+        let hardware: MQTTDiscovery.Hardware = parts.emulators.isEmpty ? .fromDeviceTree(fallback: "BLEControl board") : .init(model: "BLEControl simulator")
         serial = configuration.serial.map { SerialTransport(loop: loop, hub: hub, configuration: $0, logger: logger) }
         mqtt = configuration.mqtt.map {
-            MQTTTransport(loop: loop, hub: hub, configuration: $0, board: configuration, version: BLEControlVersion.string, logger: logger)
+            MQTTTransport(loop: loop, hub: hub, configuration: $0, board: configuration, version: BLEControlVersion.string,
+                          hardware: hardware,
+                          logger: logger)
         }
         control = ControlServer(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)
         control.statusProvider = { [unowned self] in self.statusOnLoop() }
@@ -183,6 +186,7 @@ public final class BoardRuntime: @unchecked Sendable {
     /// thread, a lasting I2C fault (the servo path's own).
     private func wire() {
         let notifier = self.notifier
+        hub.onActivity = { [unowned self] in self.mqtt?.statusMayHaveChanged() }
         if let led = parts.led {
             indicator = StatusIndicator(loop: loop, led: led) { [unowned self] in self.ledPattern() }
         }
@@ -214,6 +218,7 @@ public final class BoardRuntime: @unchecked Sendable {
             notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
             parts.lcd?.show(.failsafe, nil)
             indicator?.refresh()
+            mqtt?.statusMayHaveChanged()
         }
         hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
         hub.onCommanderLeft = { session, outputs in
@@ -221,6 +226,7 @@ public final class BoardRuntime: @unchecked Sendable {
         }
         ble.onPasskey = { [unowned self] passkey in
             self.passkey = passkey
+            defer { mqtt?.statusMayHaveChanged() }
             guard let lcd = parts.lcd else { return }
             lcd.show(.passkey, passkey.map { passkey in
                 // The passkey on the bottom line; the rows above show through.
@@ -253,6 +259,7 @@ public final class BoardRuntime: @unchecked Sendable {
         parts.switches?.failsafe()
         parts.lcd?.show(.failsafe, ["FAILSAFE", reason])
         indicator?.refresh()
+        mqtt?.statusMayHaveChanged()
     }
 
     private func ledPattern() -> StatusLED.Pattern {

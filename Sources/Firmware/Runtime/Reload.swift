@@ -51,11 +51,25 @@ extension BoardRuntime {
         if new.buses != old.buses { restartOnly.append("buses") }
         if new.servo?.chips != old.servo?.chips { restartOnly.append("servo chips (bus, address, frequency, oscillator, output drive)") }
         if new.servo?.outputEnable != old.servo?.outputEnable { restartOnly.append("servo.output_enable") }
-        if new.lcd != old.lcd { restartOnly.append("lcd") }
+        // The lines' names change in place (status and discovery read them
+        // from the configuration); the display itself needs a restart.
+        let wiring = { (lcd: LCDConfiguration?) in lcd.map { item -> LCDConfiguration in
+            var copy = item
+            copy.lineNames = []
+            return copy
+        } }
+        if wiring(new.lcd) != wiring(old.lcd) { restartOnly.append("lcd") }
         if new.led != old.led { restartOnly.append("led") }
         if new.serial != old.serial { restartOnly.append("transports.serial") }
         if new.mqtt != old.mqtt { restartOnly.append("transports.mqtt") }
         if new.controlSocketPath != old.controlSocketPath { restartOnly.append("control.socket") }
+        // Names change in place; the switches' wiring needs a restart.
+        let unnamed = { (switches: [SwitchConfiguration]) in switches.map { item -> SwitchConfiguration in
+            var copy = item
+            copy.name = nil
+            return copy
+        } }
+        if unnamed(new.switches) != unnamed(old.switches) { restartOnly.append("switches") }
         if new.realtimePriority != old.realtimePriority || new.lockMemory != old.lockMemory { restartOnly.append("realtime") }
         guard restartOnly.isEmpty else {
             let reason = "refused: \(restartOnly.joined(separator: ", ")) changed; those need `systemctl restart blecontrold`"
@@ -97,6 +111,11 @@ extension BoardRuntime {
             }
             applied.append("tcp")
         }
+        if new.switches != old.switches {
+            parts.switches?.rename(new.switches)
+            applied.append("switch names")
+        }
+        if new.lcd?.lineNames != old.lcd?.lineNames { applied.append("LCD line names") }
         var restartBLE = false
         if new.ble != old.ble {
             restartBLE = true

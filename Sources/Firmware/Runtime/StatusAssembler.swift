@@ -31,11 +31,13 @@ struct StatusAssembler {
                 case nil: break
                 }
                 let produced = Self.produced(state, parts: parts)
+                let setpoint = Self.setpoint(state)
                 channels.append(StatusReport.Channel(
                     channel: channel.channel, output: channel.output, chip: parts.servoFrequencies.count > 1 ? "\(channel.chip)" : nil, role: "\(channel.role)",
                     enabled: state.enabled, command: command, value: value,
                     pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
-                    latched: state.latched
+                    latched: state.latched, name: channel.name,
+                    setpointUs: setpoint.us.map { ($0 * 10).rounded() / 10 }, setpointPercent: setpoint.percent.map { ($0 * 10).rounded() / 10 }
                 ))
             }
             let metrics = snapshot.metrics
@@ -60,7 +62,8 @@ struct StatusAssembler {
                 online: snapshot.online, error: snapshot.lastError,
                 columns: lcdConfiguration.columns, rows: lcdConfiguration.rows,
                 lines: parts.observer?.displayLines() ?? snapshot.lines,
-                overlay: snapshot.message?.name, busWrites: snapshot.busTransactions
+                overlay: snapshot.message?.name, busWrites: snapshot.busTransactions,
+                lineNames: lcdConfiguration.lineNames.isEmpty ? nil : lcdConfiguration.lineNames
             )
         }
         let ledStatus = parts.led.map { led in
@@ -118,6 +121,26 @@ struct StatusAssembler {
         switch output {
         case .pulse(let width): return (width.value, width.value / period)
         case .duty(let duty): return (duty * period, duty)
+        }
+    }
+
+    /// What the channel's last command asks for, in its unit: µs for a
+    /// servo or ESC channel, % for a PWM one (docs/protocol.md's arithmetic,
+    /// calibration included, as ``ChannelConfiguration`` does it).
+    static func setpoint(_ state: ServoEngine.ChannelState) -> (us: Double?, percent: Double?) {
+        let configuration = state.configuration
+        let output: PCA9685.Output
+        switch state.lastCommand {
+        case .servo(let value)?: output = configuration.output(forServoValue: value)
+        case .pwm(let value)?: output = configuration.output(forPWMValue: value)
+        case nil: return (nil, nil)
+        }
+        switch (configuration.role, output) {
+        case (.servo, .pulse(let width)), (.esc, .pulse(let width)): return (width.value, nil)
+        case (.servo, .duty), (.esc, .duty): return (nil, nil)
+        case (.pwm, .duty(let duty)): return (nil, duty * 100)
+        // SERVO_VAL on a PWM channel: that width of the original 20 ms period.
+        case (.pwm, .pulse(let width)): return (nil, width.value / ChannelConfiguration.originalPeriod.value * 100)
         }
     }
 }

@@ -32,6 +32,9 @@ public final class SessionHub: @unchecked Sendable {
     /// centrals are still connected. A central that never commanded an
     /// output (an observer) leaves without it.
     public var onCommanderLeft: ((Session, [Dispatcher.Output]) -> Void)?
+    /// A session opened or closed, or had frames dispatched (any session,
+    /// the control socket's too): what the status shows may have changed.
+    public var onActivity: (() -> Void)?
 
     public init(loop: any Scheduler, dispatcher: Dispatcher, idleTimeout: Duration?, logger: Logger) {
         self.loop = loop
@@ -58,6 +61,7 @@ public final class SessionHub: @unchecked Sendable {
         open[session.id] = (session, nil)
         logger.info("session \(session.id) opened (\(transport) \(peer))")
         if transport.isCentral { onCentralsChanged?(centralCount) }
+        onActivity?()
         return session
     }
 
@@ -68,9 +72,12 @@ public final class SessionHub: @unchecked Sendable {
         let now = loop.now
         let before = session.counters
         session.receive(bytes, at: now)
-        if session.counters.frames != before.frames, session.transport.isCentral, dispatcher.commands(session.id) {
-            lastFrameAt = now
-            onFrame?()
+        if session.counters.frames != before.frames {
+            if session.transport.isCentral, dispatcher.commands(session.id) {
+                lastFrameAt = now
+                onFrame?()
+            }
+            onActivity?()
         }
         // Replying may have failed and closed the session (a reset right
         // after a frame that drew an ERROR): a central that is gone is not
@@ -96,6 +103,7 @@ public final class SessionHub: @unchecked Sendable {
         if let timer = entry.timer { loop.cancel(timer) }
         session.close(at: loop.now)
         logger.info("session \(session.id) closed (\(session.transport) \(session.peer)): \(session.counters.frames) frames, \(session.counters.errors) errors")
+        onActivity?()
         guard session.transport.isCentral else { return }
         let commanded = dispatcher.relinquish(session.id)
         onCentralsChanged?(centralCount)

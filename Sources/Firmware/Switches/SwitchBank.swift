@@ -48,11 +48,16 @@ final class SwitchBank: @unchecked Sendable {
         }
     }
 
+    /// A reload that renamed switches (and changed nothing else of them).
+    func rename(_ configurations: [SwitchConfiguration]) {
+        for configuration in configurations { switches[configuration.index]?.configuration.name = configuration.name }
+    }
+
     /// For status, in index order.
     var report: [StatusReport.Switch] {
         switches.keys.sorted().compactMap { index in
             guard let entry = switches[index] else { return nil }
-            return StatusReport.Switch(switch: index, on: entry.on, output: "\(entry.configuration.output)", error: entry.error)
+            return StatusReport.Switch(switch: index, on: entry.on, output: "\(entry.configuration.output)", error: entry.error, name: entry.configuration.name)
         }
     }
 

@@ -1,6 +1,7 @@
 import BLEControlProtocol
 import Board
 import Control
+import Hardware
 import Logging
 import MQTT
 import Reactor
@@ -34,6 +35,15 @@ public final class MQTTTransport: @unchecked Sendable {
     private var refusedReason: String?
     private var lastStatus: [UInt8]?
     private var lastStatusAt: ContinuousClock.Instant?
+    /// Until when the status is looked at again (``statusMayHaveChanged()``).
+    private var settleUntil: ContinuousClock.Instant?
+    /// The board's channels (for `…/pulse/N/set`) and what discovery says of the hardware.
+    private var channels: [Int: ChannelConfiguration] = [:]
+    private let hardware: MQTTDiscovery.Hardware
+    /// How long after the last change the status is still watched: what a
+    /// command sets off can take this long to show (an ESC's failsafe dwell,
+    /// up to 10 s, ends in its outputs going off with no frame).
+    private var settleWindow: Duration = .seconds(2)
     private var state = "" { didSet { if state != oldValue { onState(state) } } }
     /// Called with a one-line state for status whenever it changes.
     public var onState: (String) -> Void = { _ in }
@@ -54,16 +64,30 @@ public final class MQTTTransport: @unchecked Sendable {
     /// Bytes of a refused payload quoted back (escaped) in a reply or a log line.
     static let quotedPayload = 32
 
-    public init(loop: EventLoop, hub: SessionHub, configuration: MQTTConfiguration, board: BoardConfiguration, version: String, logger: Logger) {
+    /// - Parameter hardware: the model and serial Home Assistant's device
+    ///   page shows.
+    public init(loop: EventLoop, hub: SessionHub, configuration: MQTTConfiguration, board: BoardConfiguration, version: String,
+                hardware: MQTTDiscovery.Hardware, logger: Logger) {
         self.loop = loop
         self.hub = hub
         self.configuration = configuration
         self.logger = logger
         self.version = version
+        self.hardware = hardware
         topics = MQTTTopics(prefix: configuration.topicPrefix, board: MQTTConfiguration.topicName(board.name))
-        if configuration.discovery {
-            discovery = MQTTDiscovery(configuration: board, topics: topics, prefix: configuration.discoveryPrefix, version: version)
-        }
+        adopt(board)
+    }
+
+    /// What the transport takes from the board file (at start and on reload).
+    private func adopt(_ board: BoardConfiguration) {
+        let channelList = board.servo?.channels ?? []
+        channels = Dictionary(channelList.map { ($0.channel, $0) }) { first, _ in first }
+        let dwell = channelList.map(\.failsafeDwell).max() ?? .zero
+        settleWindow = max(.seconds(2), dwell + .seconds(1))
+        discovery = configuration.discovery
+            ? MQTTDiscovery(configuration: board, topics: topics, prefix: configuration.discoveryPrefix, version: version,
+                            hardware: hardware, configurationURL: configuration.configurationURL)
+            : nil
     }
 
     private var endpointText: String { "\(configuration.host):\(configuration.port)" }
@@ -96,7 +120,6 @@ public final class MQTTTransport: @unchecked Sendable {
             return
         }
         connect()
-        scheduleStatus()
     }
 
     /// Says offline and disconnects; the session ends.
@@ -117,12 +140,19 @@ public final class MQTTTransport: @unchecked Sendable {
     }
 
     /// The board file was reloaded: Home Assistant's entities follow its
-    /// channels, switches and display (removed ones are deleted).
+    /// channels, switches and display. In this order, so that no entity
+    /// ever reads a status without its output: the configs of removed
+    /// outputs are deleted, then the status of the new board is published,
+    /// then the configs of the new board (a new entity reads the retained
+    /// status the moment it subscribes).
     public func boardChanged(_ board: BoardConfiguration) {
         loop.assertInLoop()
-        guard configuration.discovery else { return }
-        discovery = MQTTDiscovery(configuration: board, topics: topics, prefix: configuration.discoveryPrefix, version: version)
-        if session != nil { announce() }
+        adopt(board)
+        guard session != nil else { return }
+        let current = Set(discovery?.entities.map(\.topic) ?? [])
+        withdraw(keeping: current)
+        publishStatus(force: true)
+        announce()
     }
 
     // MARK: Connection
@@ -178,14 +208,16 @@ public final class MQTTTransport: @unchecked Sendable {
                 // Retained ones wanted here: this node's configs from an
                 // earlier run, so the entities of removed outputs can go.
                 try client.subscribe(MQTTDiscovery.filter(prefix: configuration.discoveryPrefix, node: discovery.node))
-                announce()
             }
         } catch {
             logger.error("MQTT: \(error)")
         }
         client.publish(topics.availability, Array("online".utf8), qos: 1, retain: true)
+        // The status before the configs: an entity reads it as it subscribes.
         lastStatus = nil
         publishStatus(force: true)
+        announce()
+        statusMayHaveChanged()
         state = "connected to \(endpointText) as \(topics.base)"
         logger.info("MQTT: \(state)")
     }
@@ -230,6 +262,15 @@ public final class MQTTTransport: @unchecked Sendable {
             hub.endOfMessage(session)
         case .message(let message):
             hub.receive(FrameEncoder.encode(message), for: session)
+        case .pulse(let channel, let microseconds):
+            // µs (Home Assistant's number) to the SERVO_VAL that gives it on
+            // this channel, calibration and inversion undone.
+            guard let configuration = channels[Int(channel)], configuration.role != .pwm else {
+                let why = channels[Int(channel)] == nil ? "there is no channel \(channel)" : "channel \(channel) is a PWM channel: use …/pwm/\(channel)/set"
+                refuse("\(topic): \(why)", session: session)
+                return
+            }
+            hub.receive(FrameEncoder.encode(.servo(channel: channel, value: configuration.servoValue(forPulse: Microseconds(microseconds)))), for: session)
         case .invalid(let why):
             refuse("\(topic): \(why)", session: session)
         case .ignored:
@@ -259,42 +300,100 @@ public final class MQTTTransport: @unchecked Sendable {
     /// message) each config of this node that is no longer one.
     private func announce() {
         guard let discovery, let client else { return }
-        let current = Set(discovery.entities.map(\.topic))
-        for topic in announced.subtracting(current).sorted() {
-            client.publish(topic, [], qos: 1, retain: true)
-        }
+        withdraw(keeping: Set(discovery.entities.map(\.topic)))
         for entity in discovery.entities {
             client.publish(entity.topic, entity.payload, qos: 1, retain: true)
         }
-        announced = current
+        announced = Set(discovery.entities.map(\.topic))
     }
 
-    private func scheduleStatus() {
-        statusTimer = loop.schedule(after: .milliseconds(250)) { [weak self] in
+    /// Deletes the configs announced that are not in `current`.
+    private func withdraw(keeping current: Set<String>) {
+        guard let client else { return }
+        for topic in announced.subtracting(current).sorted() {
+            client.publish(topic, [], qos: 1, retain: true)
+        }
+        announced.formIntersection(current)
+    }
+
+    /// Something a user sees may have changed (a frame applied, a central
+    /// came or went, the failsafe, the display's own message, a reload):
+    /// the status is looked at every quarter second, and published when
+    /// what it shows changed, until it has been still for the settle
+    /// window. An idle board arms no timer: it publishes nothing, and wakes
+    /// for nothing (the broker's keepalive aside).
+    public func statusMayHaveChanged() {
+        loop.assertInLoop()
+        guard running else { return }
+        settleUntil = loop.now + settleWindow
+        armStatus()
+    }
+
+    private func armStatus() {
+        guard statusTimer == nil, session != nil else { return }
+        var at = loop.now + .milliseconds(250)
+        if let last = lastStatusAt { at = max(at, last + configuration.statusInterval) }
+        statusTimer = loop.schedule(at: at) { [weak self] in
             guard let self, self.running else { return }
             self.statusTimer = nil
             self.publishStatus(force: false)
-            self.scheduleStatus()
+            if let until = self.settleUntil, self.loop.now < until { self.armStatus() } else { self.settleUntil = nil }
         }
     }
 
-    /// The status as `blecontrol status --json` shows it, retained, when it
-    /// changed (the clock aside) and at most every `status_interval_ms`.
+    /// The status as `blecontrol status --json` shows it, retained, when
+    /// what a user sees in it changed, at most every `status_interval_ms`.
     public func publishStatus(force: Bool) {
         guard session != nil, let client, let status = statusProvider?() else { return }
         let now = loop.now
         if !force, let at = lastStatusAt, now - at < configuration.statusInterval { return }
-        // What only the clock changes does not count as a change.
-        var comparable = status
-        comparable.uptimeSeconds = 0
-        for index in comparable.sessions.indices { comparable.sessions[index].connectedSeconds = 0 }
-        guard let key = try? JSONEncoderLite().encode(comparable) else { return }
+        guard let key = try? JSONEncoderLite().encode(Self.visible(status)) else { return }
         if !force, key == lastStatus { return }
         lastStatus = key
         lastStatusAt = now
+        // A change seen: keep watching what may follow from it.
+        settleUntil = now + settleWindow
         guard let bytes = try? JSONEncoderLite().encode(status) else { return }
         client.publish(topics.status, bytes, retain: true)
         client.publish(topics.failsafe, Array((status.servo?.failsafe == nil ? "OFF" : "ON").utf8), retain: true)
+    }
+
+    /// What a user sees in a status: the outputs, the display, the failsafe,
+    /// who is connected, the transports. Not the clock, the counters, the
+    /// servo path's figures or the LED (its heartbeat blinks every second:
+    /// publishing each blink was 0.6 messages a second, forever).
+    static func visible(_ status: StatusReport) -> StatusReport {
+        var shown = status
+        shown.uptimeSeconds = 0
+        shown.led = nil
+        shown.counters = StatusReport.Counters(frames: 0, errors: 0, discardedPartials: 0, sessionsTotal: 0)
+        for index in shown.sessions.indices {
+            shown.sessions[index].connectedSeconds = 0
+            shown.sessions[index].bytes = 0
+            shown.sessions[index].frames = 0
+            shown.sessions[index].errors = 0
+            shown.sessions[index].repliesDropped = nil
+        }
+        if var servo = shown.servo {
+            servo.updates = 0
+            servo.coalesced = 0
+            servo.flushes = 0
+            servo.busWrites = 0
+            servo.failedFlushes = 0
+            servo.latencyP50Us = nil
+            servo.latencyP99Us = nil
+            servo.latencyMaxUs = nil
+            servo.deadlineMisses = 0
+            servo.failsafeSeconds = nil
+            servo.maxLcdChunksWaited = 0
+            servo.maxBusWaitUs = 0
+            shown.servo = servo
+        }
+        if var lcd = shown.lcd {
+            lcd.busWrites = 0
+            shown.lcd = lcd
+        }
+        return shown
     }
 }
 
@@ -326,6 +425,8 @@ public struct MQTTTopics: Sendable, Equatable {
     public enum Command: Equatable {
         case frames([UInt8])
         case message(Message)
+        /// `…/pulse/N/set`: a servo or ESC channel's pulse in µs.
+        case pulse(channel: UInt8, microseconds: Double)
         case invalid(String)
         /// Not a command topic (our own publications).
         case ignored
@@ -343,6 +444,11 @@ public struct MQTTTopics: Sendable, Equatable {
         // where it is written: the log, the reply on …/errors).
         let quoted = "\"" + String(decoding: payload.prefix(MQTTTransport.quotedPayload), as: UTF8.self) + (payload.count > MQTTTransport.quotedPayload ? "…" : "") + "\""
         switch levels[0] {
+        case "pulse":
+            guard let microseconds = Double(text), microseconds.isFinite, (0...20_000).contains(microseconds) else {
+                return .invalid("\(quoted) is not a pulse in µs (such as 1500)")
+            }
+            return .pulse(channel: index, microseconds: microseconds)
         case "servo", "pwm":
             guard let value = UInt16(text), value <= 1000 else { return .invalid("\(quoted) is not a value 0…1000") }
             return .message(levels[0] == "servo" ? .servo(channel: index, value: value) : .pwm(channel: index, value: value))
@@ -358,7 +464,7 @@ public struct MQTTTopics: Sendable, Equatable {
             guard payload.count <= Message.maximumTextLength else { return .invalid("text longer than \(Message.maximumTextLength) bytes") }
             return .message(.lcdText(line: index, text: payload.filter { $0 != 0 }))
         default:
-            return .invalid("\(levels[0].prefix(16)) is not an output kind (servo, pwm, switch, enable, lcd)")
+            return .invalid("\(levels[0].prefix(16)) is not an output kind (servo, pulse, pwm, switch, enable, lcd)")
         }
     }
 }
