@@ -1,7 +1,7 @@
 # shellcheck shell=sh
-# Sourced by Tests/BLE/run and Tests/Web/run: the shell rigs' one bounded
-# wait, as rig.wait_until is the Python rigs' and `eventually` the Swift
-# suites'.
+# Sourced by Tests/BLE/run, Tests/Web/run and scripts/check-deploy: the
+# shell rigs' one bounded wait, as rig.wait_until is the Python rigs' and
+# `eventually` the Swift suites'.
 
 # wait_until COMMAND…
 #   runs COMMAND until it succeeds, at most 1200 times, 0.1 s apart (two
