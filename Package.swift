@@ -141,7 +141,7 @@ let package = Package(
         .testTarget(name: "BoardTests", dependencies: ["Board", "BlueZ", "Devices", "Hardware", "TestSupport"]),
         .testTarget(name: "ReactorTests", dependencies: ["Reactor", "TestSupport"]),
         .testTarget(name: "ControlTests", dependencies: ["Control"]),
-        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "CDBus", "Reactor"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "CDBus", "Reactor", "TestSupport"]),
         .testTarget(name: "LinuxHardwareTests", dependencies: ["LinuxHardware", "Hardware", "CLinuxI2C", "TestSupport"]),
         .testTarget(name: "EndToEndTests", dependencies: ["BLEControlProtocol", "TestSupport"]),
         // The doctor's checks in process, against made-up machines.

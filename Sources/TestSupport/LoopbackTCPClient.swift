@@ -7,7 +7,7 @@ public struct TCPClientError: Error, CustomStringConvertible {
     public var description: String
 }
 
-/// A blocking TCP client with timeouts, speaking raw bytes.
+/// A TCP client speaking raw bytes; its reads wait as ``eventually`` does.
 public final class LoopbackTCPClient {
     public let fd: Int32
 
@@ -42,11 +42,12 @@ public final class LoopbackTCPClient {
         }
     }
 
-    /// Reads until `count` bytes arrived or `timeout` passed; returns what came.
-    public func receive(count: Int, timeout: Duration = .seconds(3)) -> [UInt8] {
+    /// Reads until `count` bytes arrived (or the peer closed, or the wait
+    /// ran out of tries: ``Patience``); returns what came.
+    public func receive(count: Int) -> [UInt8] {
         var received: [UInt8] = []
         if count > 0 {
-            receiveChunks(from: fd, until: .now + timeout) { chunk in
+            receiveChunks(from: fd) { chunk in
                 received += chunk
                 return received.count < count
             }
@@ -54,29 +55,67 @@ public final class LoopbackTCPClient {
         return received
     }
 
-    /// True once the peer has closed the connection.
-    public func isClosedByPeer(within timeout: Duration) -> Bool {
-        var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let milliseconds = Int32(timeout.components.seconds * 1000)
-        guard poll(&pollfd, 1, milliseconds) > 0 else { return false }
-        var byte: UInt8 = 0
-        return recv(fd, &byte, 1, Int32(MSG_PEEK)) == 0
+    /// Reads until `count` bytes arrived or `timeout` passed; returns what
+    /// came. For the benchmarks, which time things; a test waits with
+    /// ``receive(count:)``.
+    public func receive(count: Int, timeout: Duration) -> [UInt8] {
+        var received: [UInt8] = []
+        let deadline = ContinuousClock.now + timeout
+        while received.count < count {
+            let left = ContinuousClock.now.duration(to: deadline)
+            guard left > .zero else { break }
+            var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            _ = poll(&pollfd, 1, Int32(clamping: left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1))
+            guard drain(fd, { chunk in
+                received += chunk
+                return received.count < count
+            }) == .more else { break }
+        }
+        return received
+    }
+
+    /// True once the peer has closed the connection (waiting for that as
+    /// ``eventually`` does); bytes still unread are read and dropped.
+    public var isClosedByPeer: Bool {
+        var closed = false
+        receiveChunks(from: fd, whenClosed: { closed = true }) { _ in true }
+        return closed
     }
 }
 
-/// Receives from `fd` until `deadline`, the peer closing, or an error:
-/// each `recv` (a stream chunk or one datagram) goes to `body`, which
-/// returns false once it has what it waited for.
-public func receiveChunks(from fd: Int32, until deadline: ContinuousClock.Instant, _ body: ([UInt8]) -> Bool) {
-    var buffer = [UInt8](repeating: 0, count: 4096)
+/// Receives from `fd` (a socket or a pipe) until the peer closes (then
+/// `whenClosed`), an error, or `body` has what it waited for: each read (a
+/// stream chunk or one datagram) goes to `body`, which returns false then.
+/// Bounded as ``eventually`` is, by tries: a try reads what has arrived.
+public func receiveChunks(from fd: Int32, whenClosed: () -> Void = {}, _ body: ([UInt8]) -> Bool) {
+    _ = eventually {
+        switch drain(fd, body) {
+        case .more: return false
+        case .done: return true
+        case .closed:
+            whenClosed()
+            return true
+        }
+    }
+}
+
+private enum Drained { case more, done, closed }
+
+/// Reads what has arrived on `fd` (a socket or a pipe) without waiting, a
+/// read at a time (a stream chunk or one datagram), into `body` (false: it
+/// has what it wanted). `.closed` at the end of the stream or on an error.
+private func drain(_ fd: Int32, _ body: ([UInt8]) -> Bool) -> Drained {
+    var buffer = [UInt8](repeating: 0, count: 65536)
     while true {
-        let left = ContinuousClock.now.duration(to: deadline)
-        if left <= .zero { return }
-        var pollfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let milliseconds = Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000)
-        guard poll(&pollfd, 1, max(1, milliseconds)) > 0 else { continue }
-        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        if n <= 0 { return }
-        if !body(Array(buffer[0..<n])) { return }
+        var ready = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let polled = poll(&ready, 1, 0)
+        if polled == 0 || (polled < 0 && errno == EINTR) { return .more }
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 {
+            if !body(Array(buffer[0..<n])) { return .done }
+            continue
+        }
+        if n < 0 && (errno == EAGAIN || errno == EINTR) { return .more }
+        return .closed
     }
 }

@@ -1,20 +1,7 @@
 import Foundation
-import Reactor
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// Polls `condition` until it holds (outputs apply on other threads, a
-/// broker delivers when it does). The timeout only bounds a test that would
-/// otherwise hang; no test asserts how long anything took.
-public func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if condition() { return true }
-        usleep(2_000)
-    }
-    return condition()
-}
 
 /// Why the broker rig could not do what a test asked.
 public struct MosquittoError: Error, CustomStringConvertible {
@@ -119,11 +106,7 @@ public final class MosquittoBroker: @unchecked Sendable {
         process.standardError = FileHandle.nullDevice
         try process.run()
         self.process = process
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !MosquittoBroker.accepts(port) {
-            guard ContinuousClock.now < deadline else { throw MosquittoError("mosquitto did not listen on \(port)") }
-            usleep(10_000)
-        }
+        guard eventually({ MosquittoBroker.accepts(port) }) else { throw MosquittoError("mosquitto did not listen on \(port)") }
     }
 
     /// Freezes the broker (SIGSTOP): its connections stay open and nothing
@@ -233,29 +216,26 @@ public final class MosquittoBroker: @unchecked Sendable {
     /// What the broker logged so far.
     public var log: String { (try? String(contentsOfFile: "\(directory)/broker.log", encoding: .utf8)) ?? "" }
 
-    /// The retained message on `topic` (as hex when `hex`), or nil.
+    /// The retained message on `topic` (its payload as text, or as hex when
+    /// `hex`), or nil when there is none.
     public func retained(_ topic: String, hex: Bool = false) -> String? {
-        // "Timed out" (on stderr) when there is none.
-        subscribe(["-t", topic, "-C", "1", "-W", "3", "-F", hex ? "%x" : "%p"]).first { $0 != "Timed out" }
-    }
-
-    /// `mosquitto_sub --retained-only` as the operator: its output lines.
-    /// Spawned with no signal blocked (Subprocess), so its -W timer works:
-    /// a child started by Foundation's Process would inherit the test
-    /// process's blocked SIGALRM and wait for ever.
-    private func subscribe(_ arguments: [String]) -> [String] {
-        let out = Subprocess.output(of: "/usr/bin/mosquitto_sub", ["-p", "\(port)", "-u", "operator", "-P", "operator-secret", "--retained-only"] + arguments,
-                                    timeout: .seconds(20)) ?? ""
-        return out.split(separator: "\n").map(String.init)
+        retainedMessages([topic])[topic].map { hex ? $0 : MosquittoSubscriber.text(hex: $0) }
     }
 
     /// Every retained message under `filter`, by topic (payload as text).
     public func retainedAll(_ filter: String) -> [String: String] {
+        retainedMessages([filter]).mapValues { MosquittoSubscriber.text(hex: $0) }
+    }
+
+    /// What the broker holds retained under `filters` (payloads as hex), all
+    /// of it: the broker sends a new subscriber the retained messages as it
+    /// subscribes, before anything published after that, and the subscriber
+    /// is ready only once a probe published after it came back. Nothing is
+    /// left to a timer (mosquitto_sub -W would be one).
+    private func retainedMessages(_ filters: [String]) -> [String: String] {
+        guard let subscriber = try? MosquittoSubscriber(self, topics: filters) else { return [:] }
         var result: [String: String] = [:]
-        for line in subscribe(["-t", filter, "-W", "2", "-F", "%t\t%p"]) {
-            let parts = line.split(separator: "\t", maxSplits: 1, omittingEmptySubsequences: false)
-            if parts.count == 2 { result[String(parts[0])] = String(parts[1]) }
-        }
+        for message in subscriber.messages where message.retained { result[message.topic] = message.hex }
         return result
     }
 
@@ -284,8 +264,19 @@ public final class MosquittoBroker: @unchecked Sendable {
     }
 }
 
-/// A `mosquitto_sub` that records what arrives, as `topic hexpayload` lines.
+/// A `mosquitto_sub` that records what arrives, ready (subscribed) once
+/// constructed.
 public final class MosquittoSubscriber: @unchecked Sendable {
+    /// A message as it arrived: the broker marks `retained` those it held
+    /// for the topic and sent on subscribing.
+    public struct Received: Sendable {
+        public var topic: String
+        /// The payload, as hex.
+        public var hex: String
+        public var retained: Bool
+    }
+
+    private static let probeTopic = "blecontrol/test/probe"
     private let process = Process()
     private let pipe = Pipe()
     private let lock = NSLock()
@@ -293,8 +284,8 @@ public final class MosquittoSubscriber: @unchecked Sendable {
 
     public init(_ broker: MosquittoBroker, topics: [String]) throws {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/mosquitto_sub")
-        process.arguments = ["-p", "\(broker.port)", "-u", "operator", "-P", "operator-secret", "-F", "%t %x"]
-            + (topics + ["blecontrol/test/probe"]).flatMap { ["-t", $0] }
+        process.arguments = ["-p", "\(broker.port)", "-u", "operator", "-P", "operator-secret", "-F", "%r %t %x"]
+            + (topics + [MosquittoSubscriber.probeTopic]).flatMap { ["-t", $0] }
         process.standardOutput = pipe
         process.standardError = FileHandle.nullDevice
         // @Sendable spelled out: Swift 6.0.3 does not infer it for a closure
@@ -306,15 +297,15 @@ public final class MosquittoSubscriber: @unchecked Sendable {
         }
         try process.run()
         // Subscribed once a probe comes back: what is published after this
-        // reaches it.
+        // reaches it, and what the broker held retained has arrived before it.
         var probes = 0
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !lines.contains(where: { $0.hasPrefix("blecontrol/test/probe ") }) {
-            guard ContinuousClock.now < deadline else { throw MosquittoError("mosquitto_sub never subscribed") }
+        let subscribed = try eventually {
+            if messages.contains(where: { $0.topic == MosquittoSubscriber.probeTopic }) { return true }
             probes += 1
-            try broker.publish("blecontrol/test/probe", "\(probes)")
-            usleep(20_000)
+            try broker.publish(MosquittoSubscriber.probeTopic, "\(probes)")
+            return false
         }
+        guard subscribed else { throw MosquittoError("mosquitto_sub never subscribed") }
     }
 
     deinit {
@@ -325,11 +316,33 @@ public final class MosquittoSubscriber: @unchecked Sendable {
         process.waitUntilExit()
     }
 
-    public var lines: [String] { lock.withLock { text.split(separator: "\n").map(String.init) } }
+    /// Every message so far, in order (whole lines only).
+    public var messages: [Received] {
+        let complete = lock.withLock { text.split(separator: "\n", omittingEmptySubsequences: false).dropLast() }
+        return complete.compactMap { line in
+            let fields = line.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+            guard fields.count == 3 else { return nil }
+            return Received(topic: String(fields[1]), hex: String(fields[2]), retained: fields[0] == "1")
+        }
+    }
+
+    /// The messages as `topic hexpayload` lines, for failure messages.
+    public var lines: [String] { messages.map { "\($0.topic) \($0.hex)" } }
 
     /// The payloads (hex) that arrived on `topic`.
     public func payloads(_ topic: String) -> [String] {
-        lines.compactMap { line in line.hasPrefix(topic + " ") ? String(line.dropFirst(topic.count + 1)) : nil }
+        messages.filter { $0.topic == topic }.map(\.hex)
+    }
+
+    /// `hex` (as mosquitto_sub's %x prints it) decoded as UTF-8 text.
+    static func text(hex: String) -> String {
+        var bytes: [UInt8] = []
+        var digits = hex.utf8.makeIterator()
+        while let high = digits.next(), let low = digits.next() {
+            guard let byte = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16) else { break }
+            bytes.append(byte)
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 }
 

@@ -7,6 +7,7 @@ import Reactor
 import Foundation
 import Logging
 import Testing
+import TestSupport
 
 /// A private `dbus-daemon` on a temporary socket, for the length of one test.
 final class PrivateBus: @unchecked Sendable {
@@ -56,9 +57,9 @@ final class PrivateBus: @unchecked Sendable {
         pid = child
         // The socket file appears at bind(), before listen(): wait until a
         // connection is accepted, not just for the file.
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline {
+        let listening = eventually {
             let probe = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(probe) }
             var address = sockaddr_un()
             address.sun_family = sa_family_t(AF_UNIX)
             withUnsafeMutableBytes(of: &address.sun_path) { raw in
@@ -66,12 +67,13 @@ final class PrivateBus: @unchecked Sendable {
                 raw.copyBytes(from: bytes)
                 raw[bytes.count] = 0
             }
-            let connected = withUnsafePointer(to: &address) {
+            return withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(probe, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-            }
-            close(probe)
-            if connected == 0 { break }
-            usleep(10_000)
+            } == 0
+        }
+        if !listening {
+            stop()
+            throw DBusFailure(DBusFailure.failed, "dbus-daemon never listened on \(socket)")
         }
     }
 
@@ -89,16 +91,6 @@ final class PrivateBus: @unchecked Sendable {
     }
 
     deinit { stop() }
-}
-
-/// Waits for something a D-Bus thread will do.
-func eventually(_ timeout: Double = 3, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(5_000)
-    }
-    return condition()
 }
 
 final class Collected<T>: @unchecked Sendable {
@@ -150,7 +142,7 @@ struct DBusConnectionTests {
                 .array(element: "(ay)", [.structure([.bytes([1, 2])])]),
             ]
             for value in values {
-                let reply = try client.callAndWait(destination: service.uniqueName, path: "/org/example/echo", interface: "org.example.Echo", method: "Echo", arguments: [.variant(value)])
+                let reply = try client.callAndWait(destination: service.uniqueName, path: "/org/example/echo", interface: "org.example.Echo", method: "Echo", arguments: [.variant(value)], timeout: Patience.time)
                 #expect(reply == [.variant(value)], "\(value.signature)")
             }
         }
@@ -163,7 +155,7 @@ struct DBusConnectionTests {
             service.export(path: "/org/example/echo", interfaces: [echo])
             func error(_ path: String, _ interface: String, _ method: String, _ arguments: [DBusValue] = []) -> String? {
                 do {
-                    _ = try client.callAndWait(destination: service.uniqueName, path: path, interface: interface, method: method, arguments: arguments)
+                    _ = try client.callAndWait(destination: service.uniqueName, path: path, interface: interface, method: method, arguments: arguments, timeout: Patience.time)
                     return nil
                 } catch let failure as DBusFailure {
                     return failure.name
@@ -203,7 +195,7 @@ struct DBusConnectionTests {
                 DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(delay)) { call.reply([.string("done")]) }
             }
             service.export(path: "/later", interfaces: [later])
-            let reply = try client.callAndWait(destination: service.uniqueName, path: "/later", interface: "org.example.Later", method: "Wait", arguments: [.uint32(100)])
+            let reply = try client.callAndWait(destination: service.uniqueName, path: "/later", interface: "org.example.Later", method: "Wait", arguments: [.uint32(100)], timeout: Patience.time)
             #expect(reply == [.string("done")])
         }
     }
@@ -218,21 +210,21 @@ struct DBusConnectionTests {
             service.export(path: "/app/thing0", interfaces: [thing])
             let properties = "org.freedesktop.DBus.Properties"
             let name = service.uniqueName
-            #expect(try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Get", arguments: [.string("org.example.Thing"), .string("Name")]) == [.variant(.string("thing"))])
-            _ = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Set", arguments: [.string("org.example.Thing"), .string("On"), .variant(.bool(true))])
-            let all = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "GetAll", arguments: [.string("org.example.Thing")])
+            #expect(try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Get", arguments: [.string("org.example.Thing"), .string("Name")], timeout: Patience.time) == [.variant(.string("thing"))])
+            _ = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Set", arguments: [.string("org.example.Thing"), .string("On"), .variant(.bool(true))], timeout: Patience.time)
+            let all = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "GetAll", arguments: [.string("org.example.Thing")], timeout: Patience.time)
             #expect(all.first?.dictionaryValue?["On"]?.boolValue == true)
             #expect(throws: DBusFailure.self) {
-                _ = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Set", arguments: [.string("org.example.Thing"), .string("Name"), .variant(.string("y"))])
+                _ = try client.callAndWait(destination: name, path: "/app/thing0", interface: properties, method: "Set", arguments: [.string("org.example.Thing"), .string("Name"), .variant(.string("y"))], timeout: Patience.time)
             }
-            let managed = try client.callAndWait(destination: name, path: "/app", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects")
+            let managed = try client.callAndWait(destination: name, path: "/app", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects", timeout: Patience.time)
             let objects = managed.first?.dictionaryValue
             #expect(objects?.keys.sorted() == ["/app/thing0"])
             #expect(objects?["/app/thing0"]?.dictionaryValue?["org.example.Thing"]?.dictionaryValue?["Name"]?.stringValue == "thing")
-            let xml = try client.callAndWait(destination: name, path: "/app", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect").first?.stringValue ?? ""
+            let xml = try client.callAndWait(destination: name, path: "/app", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect", timeout: Patience.time).first?.stringValue ?? ""
             #expect(xml.contains("<node name=\"thing0\"/>"))
             #expect(xml.contains("org.freedesktop.DBus.ObjectManager"))
-            let thingXML = try client.callAndWait(destination: name, path: "/app/thing0", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect").first?.stringValue ?? ""
+            let thingXML = try client.callAndWait(destination: name, path: "/app/thing0", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect", timeout: Patience.time).first?.stringValue ?? ""
             #expect(thingXML.contains("<property name=\"On\" type=\"b\" access=\"readwrite\"/>"))
         }
     }
@@ -249,7 +241,7 @@ struct DBusConnectionTests {
                 added.append(signal.arguments.first?.stringValue ?? "")
             }
             // AddMatch is asynchronous: a round trip through the bus orders it before the signals.
-            _ = try client.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "GetId")
+            _ = try client.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "GetId", timeout: Patience.time)
             var value: [UInt8] = [0xFF, 0x01, 0x09]
             let characteristic = DBusInterface("org.example.Char")
             let box = Collected<[UInt8]>()
@@ -280,7 +272,7 @@ struct DBusConnectionTests {
             service.export(path: "/sink", interfaces: [sink])
             var fds: [Int32] = [-1, -1]
             #expect(pipe(&fds) == 0)
-            _ = try client.callAndWait(destination: service.uniqueName, path: "/sink", interface: "org.example.Sink", method: "Take", arguments: [.unixFD(fds[1])])
+            _ = try client.callAndWait(destination: service.uniqueName, path: "/sink", interface: "org.example.Sink", method: "Take", arguments: [.unixFD(fds[1])], timeout: Patience.time)
             close(fds[1])
             guard let passed = received.all.first else { Issue.record("no descriptor arrived"); return }
             var bytes: [UInt8] = [0x02, 0x03, 0x00]
@@ -304,7 +296,7 @@ struct DBusConnectionTests {
         bus.stop()
         #expect(eventually { lost.all == [true] })
         #expect(throws: DBusFailure.self) {
-            _ = try connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "GetId")
+            _ = try connection.callAndWait(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "GetId", timeout: Patience.time)
         }
     }
 
@@ -324,13 +316,13 @@ struct DBusConnectionTests {
             let clientName = client.uniqueName
             service.acceptCaller = { $0 != clientName }
             do {
-                _ = try client.callAndWait(destination: service.uniqueName, path: "/echo", interface: "org.example.Echo", method: "Ping")
+                _ = try client.callAndWait(destination: service.uniqueName, path: "/echo", interface: "org.example.Echo", method: "Ping", timeout: Patience.time)
                 Issue.record("a refused caller got through")
             } catch let failure as DBusFailure {
                 #expect(failure.name == DBusFailure.accessDenied)
             }
             // Introspection stays open to anyone.
-            _ = try client.callAndWait(destination: service.uniqueName, path: "/echo", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect")
+            _ = try client.callAndWait(destination: service.uniqueName, path: "/echo", interface: "org.freedesktop.DBus.Introspectable", method: "Introspect", timeout: Patience.time)
             #expect(try service.loop.submitAndWait { service.deniedCalls } == 1)
         }
     }
@@ -345,7 +337,7 @@ struct DBusConnectionTests {
             }
             service.export(path: "/sink", interfaces: [sink])
             _ = try client.callAndWait(destination: service.uniqueName, path: "/sink", interface: "org.example.Sink", method: "Put",
-                                       arguments: [.bytes([UInt8](repeating: 7, count: 4 << 20))], timeout: .seconds(20))
+                                       arguments: [.bytes([UInt8](repeating: 7, count: 4 << 20))], timeout: Patience.time)
             #expect(sizes.all == [4 << 20], "read as one byte buffer, not one value per byte")
         }
     }

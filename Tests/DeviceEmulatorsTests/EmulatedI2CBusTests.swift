@@ -86,10 +86,20 @@ struct EmulatedI2CBusTests {
         let bus = EmulatedI2CBus()
         let device = RecordingDevice()
         bus.attach(device, at: present)
-        bus.injectFault(.timeout, at: present, for: .milliseconds(50))
-        #expect(errorKind { try bus.write([1], to: present) } == .timeout)
-        #expect(errorKind { try bus.write([2], to: present) } == .timeout)
-        Thread.sleep(forTimeInterval: 0.1)
+        let duration = Duration.seconds(1)
+        let injected = ContinuousClock.now
+        bus.injectFault(.timeout, at: present, for: duration)
+        let first = errorKind { try bus.write([1], to: present) }
+        let second = errorKind { try bus.write([2], to: present) }
+        // Both writes fail if both ran within the duration; a machine too
+        // busy to make two writes in a second cannot tell, and is not asked to.
+        if injected.duration(to: .now) < duration {
+            #expect(first == .timeout)
+            #expect(second == .timeout)
+        }
+        // A sleep lasts at least as long as asked, however busy the machine:
+        // the fault is over after it.
+        Thread.sleep(forTimeInterval: 1.1)
         try bus.write([3], to: present)
         #expect(device.received == [[3]])
     }

@@ -44,8 +44,9 @@ struct Finished {
     var stderr: String
 }
 
-/// Runs a program to completion (with a time limit) and collects its output.
-func run(_ executable: String, _ arguments: [String], timeout: Duration = .seconds(20)) throws -> Finished {
+/// Runs a program to completion (waiting as `eventually` does) and
+/// collects its output.
+func run(_ executable: String, _ arguments: [String]) throws -> Finished {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
@@ -63,13 +64,9 @@ func run(_ executable: String, _ arguments: [String], timeout: Duration = .secon
             group.leave()
         }
     }
-    let deadline = ContinuousClock.now + timeout
-    while process.isRunning {
-        if ContinuousClock.now > deadline {
-            process.terminate()
-            throw HarnessError(description: "\(executable) \(arguments) did not finish within \(timeout)")
-        }
-        usleep(5_000)
+    guard eventually({ !process.isRunning }) else {
+        process.terminate()
+        throw HarnessError(description: "\(executable) \(arguments) did not finish")
     }
     group.wait()
     return Finished(status: process.terminationStatus, stdout: String(decoding: outData.get(), as: UTF8.self), stderr: String(decoding: errData.get(), as: UTF8.self))
@@ -128,18 +125,15 @@ final class SimulatorDaemon {
         try process.run()
 
         // Ready when the control socket answers; the TCP port is in status.
-        let deadline = ContinuousClock.now + .seconds(30)
-        while true {
+        let ready = try eventuallyValue { () throws -> UInt16? in
             if !process.isRunning { throw HarnessError(description: "blecontrold exited (\(process.terminationStatus)):\n\(self.log(tail: 40))") }
-            if FileManager.default.fileExists(atPath: socketPath), let status = try? (user == nil ? status() : rawStatus()),
-               let tcp = (status["transports"] as? [String: Any])?["tcp"] as? String,
-               let port = tcp.split(separator: ":").last.flatMap({ UInt16($0) }), port != 0 {
-                tcpPort = port
-                return
-            }
-            if ContinuousClock.now > deadline { throw HarnessError(description: "blecontrold did not become ready:\n\(self.log(tail: 40))") }
-            usleep(50_000)
+            guard FileManager.default.fileExists(atPath: socketPath), let status = try? (user == nil ? status() : rawStatus()),
+                  let tcp = (status["transports"] as? [String: Any])?["tcp"] as? String,
+                  let port = tcp.split(separator: ":").last.flatMap({ UInt16($0) }), port != 0 else { return nil }
+            return port
         }
+        guard let ready else { throw HarnessError(description: "blecontrold did not become ready:\n\(self.log(tail: 40))") }
+        tcpPort = ready
     }
 
     deinit {
@@ -152,9 +146,7 @@ final class SimulatorDaemon {
     func stop() -> Int32 {
         if process.isRunning {
             process.terminate()
-            let deadline = ContinuousClock.now + .seconds(10)
-            while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            if !eventually({ !process.isRunning }) { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
         return process.terminationStatus
@@ -162,13 +154,12 @@ final class SimulatorDaemon {
 
     var isRunning: Bool { process.isRunning }
 
-    /// Sends `signal` and waits for the daemon to exit (bounded, so a daemon
-    /// that ignores it fails the test instead of hanging it); nil if it did not.
-    func exit(after signal: Int32, within timeout: Duration = .seconds(30)) -> (status: Int32, reason: Process.TerminationReason)? {
+    /// Sends `signal` and waits for the daemon to exit (as `eventually`
+    /// does, so a daemon that ignores it fails the test instead of hanging
+    /// it); nil if it did not.
+    func exit(after signal: Int32) -> (status: Int32, reason: Process.TerminationReason)? {
         kill(process.processIdentifier, signal)
-        let deadline = ContinuousClock.now + timeout
-        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
-        guard !process.isRunning else { return nil }
+        guard eventually({ !process.isRunning }) else { return nil }
         return (process.terminationStatus, process.terminationReason)
     }
 
@@ -195,16 +186,16 @@ final class SimulatorDaemon {
         try run(Executables.cli, arguments + ["--socket", socketPath])
     }
 
-    /// Polls status until `condition` holds (outputs apply asynchronously).
-    func waitFor(_ what: String, timeout: Duration = .seconds(30), _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
-        let deadline = ContinuousClock.now + timeout
+    /// Polls status until `condition` holds (outputs apply asynchronously),
+    /// as `eventually` does; returns that status.
+    func waitFor(_ what: String, _ condition: ([String: Any]) -> Bool) throws -> [String: Any] {
         var last: [String: Any] = [:]
-        while ContinuousClock.now < deadline {
+        let seen = try eventuallyValue { () throws -> [String: Any]? in
             last = try status()
-            if condition(last) { return last }
-            usleep(20_000)
+            return condition(last) ? last : nil
         }
-        throw HarnessError(description: "timed out waiting for \(what); last status: \(last)")
+        guard let seen else { throw HarnessError(description: "never saw \(what); last status: \(last)") }
+        return seen
     }
 }
 
@@ -222,8 +213,9 @@ extension Dictionary where Key == String, Value == Any {
 
 extension SimulatorDaemon {
     /// Writes raw bytes to the control socket and returns what comes back
-    /// within `timeout` (the daemon answers each line with one JSON line).
-    func rawControl(_ bytes: [UInt8], timeout: Duration = .seconds(2)) throws -> String {
+    /// (the daemon answers each line with one JSON line) once `enough` holds
+    /// for it (or the daemon closed the connection).
+    func rawControl(_ bytes: [UInt8], until enough: (String) -> Bool) throws -> String {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw HarnessError(description: "socket: \(errno)") }
         defer { close(fd) }
@@ -231,9 +223,9 @@ extension SimulatorDaemon {
         guard connected == 0 else { throw HarnessError(description: "connect \(socketPath): \(errno)") }
         _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var received: [UInt8] = []
-        receiveChunks(from: fd, until: .now + timeout) { chunk in
+        receiveChunks(from: fd) { chunk in
             received += chunk
-            return true
+            return !enough(String(decoding: received, as: UTF8.self))
         }
         return String(decoding: received, as: UTF8.self)
     }
@@ -246,7 +238,7 @@ extension SimulatorDaemon {
         guard withUnixAddress(socketPath, { connect(fd, $0, $1) }) == 0 else { throw HarnessError(description: "connect \(socketPath): \(errno)") }
         _ = Array(#"{"op":"status"}"#.utf8 + [0x0A]).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var received: [UInt8] = []
-        receiveChunks(from: fd, until: .now + .seconds(10)) { chunk in
+        receiveChunks(from: fd) { chunk in
             received += chunk
             return !received.contains(0x0A)
         }
@@ -276,12 +268,13 @@ final class NotifySocket {
         unlink(path)
     }
 
-    /// Every datagram that arrives within `timeout`.
-    func messages(for timeout: Duration) -> [String] {
+    /// The datagrams that arrive until `enough` holds for them (all of
+    /// them since the last call).
+    func messages(until enough: ([String]) -> Bool) -> [String] {
         var result: [String] = []
-        receiveChunks(from: fd, until: .now + timeout) { datagram in
+        receiveChunks(from: fd) { datagram in
             result.append(String(decoding: datagram, as: UTF8.self))
-            return true
+            return !enough(result)
         }
         return result
     }

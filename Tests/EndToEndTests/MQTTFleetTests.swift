@@ -52,7 +52,9 @@ struct MQTTFleetTests {
             let sent = try run(Executables.cli, command + ["--mqtt", "alpha@\(address)", "--sync"] + access)
             #expect(sent.status == 0, "\(command): \(sent.stdout) \(sent.stderr)")
         }
-        #expect(abs(((try alpha.status()).pulse(0) ?? 0) - 1500) < 5)
+        // --sync: every reply has arrived, so alpha has taken the frames; its
+        // servo thread puts them out when it gets to them.
+        _ = try alpha.waitFor("channel 0 at 1500 µs on alpha") { abs(($0.pulse(0) ?? 0) - 1500) < 5 }
         #expect(((try beta.status()).pulse(0) ?? 0) == 0)
         let refused = try run(Executables.cli, ["send", "09", "00", "--mqtt", "alpha@\(address)", "--sync"] + access)
         #expect(refused.status == 1 && refused.stdout.contains("board replied ERROR for command 9 (ff0109)"), "\(refused.stdout) \(refused.stderr)")
@@ -68,7 +70,7 @@ struct MQTTFleetTests {
         // alpha vanishes (SIGKILL: no DISCONNECT, no offline of its own):
         // the broker gives up after 1.5 × its 5 s keepalive and says offline.
         _ = alpha.exit(after: SIGKILL)
-        #expect(eventually(timeout: .seconds(60)) { broker.retained("blecontrol/alpha/availability") == "offline" })
+        #expect(eventually { broker.retained("blecontrol/alpha/availability") == "offline" })
         let after = try run(Executables.cli, ["fleet", "--mqtt", address, "--json"] + access)
         #expect(after.stdout.contains("\"availability\": \"offline\"") || after.stdout.contains("\"availability\" : \"offline\""), "\(after.stdout)")
         let toOffline = try run(Executables.cli, ["servo", "0", "1", "--mqtt", "alpha@\(address)"] + access)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -23,18 +24,14 @@ private final class WebServerProcess {
         try process.run()
         // Ready once it prints its URL (it listens before printing).
         var text = ""
-        let deadline = ContinuousClock.now + .seconds(20)
-        while port == 0 {
-            let data = output.fileHandleForReading.availableData
-            if data.isEmpty {
-                throw HarnessError(description: "blecontrol web exited before printing its URL (\(text))")
-            }
-            text += String(decoding: data, as: UTF8.self)
+        receiveChunks(from: output.fileHandleForReading.fileDescriptor) { chunk in
+            text += String(decoding: chunk, as: UTF8.self)
             if let range = text.range(of: "http://127.0.0.1:"), let end = text[range.upperBound...].firstIndex(of: "/") {
                 port = UInt16(text[range.upperBound..<end]) ?? 0
             }
-            if ContinuousClock.now > deadline { throw HarnessError(description: "no URL from blecontrol web: \(text)") }
+            return port == 0
         }
+        if port == 0 { throw HarnessError(description: "no URL from blecontrol web: \(text)") }
     }
 
     deinit { _ = stop() }
@@ -43,9 +40,7 @@ private final class WebServerProcess {
     func stop(signal: Int32 = SIGTERM) -> Int32? {
         guard process.isRunning else { return process.terminationStatus }
         kill(process.processIdentifier, signal)
-        let deadline = ContinuousClock.now + .seconds(10)
-        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
-        if process.isRunning {
+        if !eventually({ !process.isRunning }) {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
             return nil
@@ -75,8 +70,6 @@ private func exchange(_ port: UInt16, _ request: [UInt8]) throws -> Response {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
     guard connected == 0 else { throw HarnessError(description: "connect: \(errno)") }
-    var timeout = timeval(tv_sec: 10, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     var sent = 0
     while sent < request.count {
         let count = request[sent...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -85,12 +78,11 @@ private func exchange(_ port: UInt16, _ request: [UInt8]) throws -> Response {
         if count <= 0 { break }
         sent += count
     }
+    // Until the server closes the connection (it always does).
     var received: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 65536)
-    while true {
-        let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        if count <= 0 { break }
-        received += buffer[0..<count]
+    receiveChunks(from: fd) { chunk in
+        received += chunk
+        return true
     }
     guard let split = received.indices.first(where: { received[$0...].starts(with: [0x0D, 0x0A, 0x0D, 0x0A]) }) else {
         throw HarnessError(description: "no complete response head: \(String(decoding: received, as: UTF8.self))")

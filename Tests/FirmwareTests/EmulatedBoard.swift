@@ -8,6 +8,7 @@ import Logging
 import Board
 import Control
 import Reactor
+import TestSupport
 
 /// The firmware core on an emulated bus, without transports: frames go in
 /// through a `Session`, outputs are read back from the emulated chips.
@@ -66,17 +67,14 @@ final class EmulatedBoard: @unchecked Sendable {
         }
     }
 
-    /// Waits until everything dispatched has reached the emulated chips.
+    /// Waits (as `eventually` does) until everything dispatched has reached
+    /// the emulated chips; the error that kept it from them, if any.
     @discardableResult
-    func settle(timeout: Duration = .seconds(5)) -> String? {
-        let done = DispatchSemaphore(value: 0)
-        let result = LockedBox<String?>(nil)
-        dispatcher.whenApplied { error in
-            result.value = error
-            done.signal()
-        }
-        let seconds = Double(timeout.components.seconds)
-        return done.wait(timeout: .now() + seconds) == .timedOut ? "timed out" : result.value
+    func settle() -> String? {
+        // nil until applied, then the outcome (nil: no error).
+        let outcome = LockedBox<String??>(nil)
+        dispatcher.whenApplied { error in outcome.value = .some(error) }
+        return eventuallyValue { outcome.value } ?? "never applied"
     }
 
     func pulse(_ output: Int) -> Double { chip.output(channel: output).pulseWidth.value }

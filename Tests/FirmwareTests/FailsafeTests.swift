@@ -17,8 +17,11 @@ let escBoard = EmbeddedBoards.simulator.replacingOccurrences(
     of: "- { channel: 4, output: 4, role: pwm }",
     with: "- { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 500 }")
 
-/// The ESC board with the failsafe knobs turned for tests.
-func testBoard(silenceMs: Int = 0, dwellMs: Int = 150, faultMs: Int = 200, stallMs: Int = 200) -> String {
+/// The ESC board with the failsafe knobs turned for tests. The fault and
+/// stall timeouts are the longest a board file takes unless a test is
+/// about them: a loaded machine may hold the servo thread in a write for a
+/// while, which is no stall for a test of something else.
+func testBoard(silenceMs: Int = 0, dwellMs: Int = 150, faultMs: Int = 60_000, stallMs: Int = 60_000) -> String {
     escBoard
         .replacingOccurrences(of: "failsafe_dwell_ms: 500", with: "failsafe_dwell_ms: \(dwellMs)")
         .replacingOccurrences(of: "silence_timeout_ms: 0 ", with: "silence_timeout_ms: \(silenceMs) ")
@@ -65,11 +68,15 @@ final class RunningBoard {
     /// no sleeping and hoping.
     func settle(frames: Int) throws {
         #expect(eventually { ((try? self.runtime.status().counters.frames) ?? 0) >= frames }, "the board never saw \(frames) frames")
-        let client = try ControlClient(path: socket)
+        let client = try ControlClient(path: socket, timeout: Patience.time)
         _ = try client.send(FrameEncoder.encode(.initialize))
     }
 
-    /// A central that enabled channels 0, 3, 4 and 6 and gave them values.
+    /// A central that enabled channels 0, 3, 4 and 6 and gave them values,
+    /// once the chip has put out every one of them. Seen in the chip's
+    /// history, not its present outputs: on a board with a short silence
+    /// timeout the failsafe may take them over before a busy machine lets
+    /// the test look.
     func drivingCentral() throws -> LoopbackTCPClient {
         let central = try LoopbackTCPClient(port: port)
         var frames: [UInt8] = []
@@ -78,7 +85,11 @@ final class RunningBoard {
             FrameEncoder.encode(channel == 6 ? .pwm(channel: 6, value: 500) : .servo(channel: channel, value: value), into: &frames)
         }
         try central.send(frames)
-        #expect(eventually { abs(self.pulse(4) - 1600) < 5 && abs(self.duty(6) - 0.5) < 0.001 })
+        func reached(_ output: Int, _ matches: (PCA9685Emulator.ChannelOutput) -> Bool) -> Bool { chip.history(channel: output).contains(where: matches) }
+        #expect(eventually {
+            reached(0) { abs($0.pulseWidth.value - 1700) < 5 } && reached(3) { abs($0.pulseWidth.value - 1800) < 5 }
+                && reached(4) { abs($0.pulseWidth.value - 1600) < 5 } && reached(6) { abs($0.duty - 0.5) < 0.001 }
+        })
         return central
     }
 }
@@ -419,9 +430,12 @@ struct FailsafeTests {
     func lastingFault() throws {
         let board = try RunningBoard(yaml: testBoard(faultMs: 200))
         let central = try board.drivingCentral()
-        board.bus.injectFault(.noAcknowledge, at: I2CAddress(0x40)!, for: .milliseconds(1500))
+        // Gone until the failsafe has engaged, however long a busy machine
+        // takes to get there; back then.
+        board.bus.injectFault(.noAcknowledge, at: I2CAddress(0x40)!)
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 100)))
         #expect(eventually { (try? board.servo().failsafe)?.contains("not answering") == true })
+        board.bus.clearFault(at: I2CAddress(0x40)!)
         #expect(eventually { (try? board.servo().online) == true && board.pulse(4) == 0 && abs(board.pulse(3) - 1500) < 5 })
         _ = central
     }
@@ -430,10 +444,13 @@ struct FailsafeTests {
     func stall() throws {
         let board = try RunningBoard(yaml: testBoard(stallMs: 200))
         let central = try board.drivingCentral()
-        board.bus.injectFault(.stall, at: I2CAddress(0x40)!, for: .milliseconds(800))
+        // Every write hangs (a second at a time) until the stall is seen,
+        // however late a busy machine lets the watch look.
+        board.bus.injectFault(.stall, at: I2CAddress(0x40)!)
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 100)))
         #expect(eventually { (try? board.servo().failsafe)?.contains("stalled") == true })
         #expect(eventually { (try? board.runtime.status().led?.pattern) == "fast-blink" })
+        board.bus.clearFault(at: I2CAddress(0x40)!)
     }
 
     @Test("SWITCH_VAL drives the configured switches; an unknown index gets ERROR 06; a failsafe sets the safe states")

@@ -87,7 +87,7 @@ struct SerialTransportTests {
     @Test("Set-up by AT, OK+CONN opens a session, frames drive the outputs, ERROR goes back over the UART, OK+LOST engages the failsafe")
     func connectFramesLost() throws {
         let rig = try SerialBoard()
-        #expect(rig.module.waitForCommand("AT+NAMEBLECtl-Test"))
+        #expect(rig.module.waitForCommand("AT+NAMEBLECtl-Test", timeout: Patience.time))
         #expect(rig.module.atCommands == ["AT", "AT+NOTI1", "AT+NAMEBLECtl-Test"])
         #expect(rig.module.notificationsOn && rig.module.moduleName == "BLECtl-Test")
         #expect(eventually { rig.serialState().contains("HM-10 set up, no central") }, "\(rig.serialState())")

@@ -333,7 +333,7 @@ async def run_peer(device, central):
     pidfile = os.environ["DAEMON_PIDFILE"]
     pid = int(open(pidfile).read().strip())
     os.kill(pid, 15)
-    stopped = await central.wait_for(lambda: not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX", 15)
+    stopped = await central.wait_for(lambda: not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX")
     central.record(bool(stopped), "v19", "daemon stops on SIGTERM within 15 s (before the peer's turn)")
     with open(pidfile, "w") as f:
         f.write("0")  # nothing left for ble_guest.py to stop
@@ -348,7 +348,7 @@ async def run_peer(device, central):
                 return "advertising" in control.status()["transports"]["ble"]
             finally:
                 control.close()
-        if not central.record(await central.wait_for(up, 30, 0.3), "bench-peer-up", "bluez-peripheral GATT server registered and advertising"):
+        if not central.record(await central.wait_for(up, 0.3), "bench-peer-up", "bluez-peripheral GATT server registered and advertising"):
             return
         await run(device, central, "bench-peer", control_path=path, name=name)
     finally:

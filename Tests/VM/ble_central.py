@@ -124,18 +124,20 @@ def ble_state(report):
     return report.get("transports", {}).get("ble", "")
 
 
-async def wait_for(predicate, timeout=5.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
+async def wait_for(predicate, interval=0.1, patience=120.0):
+    """predicate's first true value, polled `interval` apart; None after as
+    many tries as `patience` seconds of pauses make (two minutes and more by
+    default). Bounded by tries, not a clock: a busy host stretches the wait,
+    and only an outcome that never comes fails a check."""
+    for _ in range(int(patience / interval) + 1):
         try:
             value = predicate()
             if value:
                 return value
         except Exception:
             pass
-        if time.monotonic() >= deadline:
-            return None
         await asyncio.sleep(interval)
+    return None
 
 
 def ad_fields(advertisement):
@@ -183,12 +185,12 @@ async def scan(device, timeout=30.0, name=None):
 async def discovery(device, scans=100):
     """Discovery every time (issue 19, item 5): SCANS consecutive scans, each
     started afresh; the time from asking for the scan to the first report
-    from the board. Every scan must find the board (a 10 s guard bounds a
+    from the board. Every scan must find the board (a 60 s guard bounds a
     miss: under the emulators of old a whole scan could see nothing); the
     times are figures (p50, p99, max, and how many within 2 s), not pass
     marks: this runs under TCG on a shared machine."""
     phase_started = time.monotonic()
-    await wait_for(lambda: "advertising" in ble_state(status_cli()), 180, 0.5)
+    await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.5, patience=180)
     entry = await scan(device)
     if not record(entry is not None, "s1", "the board is found by name to learn its address"):
         return
@@ -204,7 +206,7 @@ async def discovery(device, scans=100):
         started = time.monotonic()
         await device.start_scanning(legacy=True, active=True, filter_duplicates=False)
         try:
-            times.append(await asyncio.wait_for(found, 10) - started)
+            times.append(await asyncio.wait_for(found, 60) - started)
         except asyncio.TimeoutError:
             times.append(None)
         finally:
@@ -288,7 +290,7 @@ async def disconnect(device, connection):
 async def scenario(device):
     # Bounded at 180 s (a guard against a hang): on a busy machine the
     # daemon may wait that long for bluetoothd to list hci0.
-    report = await wait_for(lambda: (lambda r: r if "advertising" in ble_state(r) else None)(status_cli()), 180, 0.5)
+    report = await wait_for(lambda: (lambda r: r if "advertising" in ble_state(r) else None)(status_cli()), 0.5, patience=180)
     if not record(report is not None, "v1", "daemon registered its GATT application and advertisement on hci0 (real bluetoothd)",
                   ble_state(status_cli())):
         return
@@ -311,13 +313,13 @@ async def scenario(device):
     # Whether the acknowledgement waited for the LCD is the "ack" phase's
     # question (a slow bus makes the answer independent of timing); here
     # the text only has to arrive.
-    ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("Hello"), 10)
+    ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("Hello"))
     record(ok, "v6", "LCD_TEXT 04 07 00 'Hello' 00 with response -> the LCD shows Hello", status_cli()["lcd"]["lines"])
     ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1500) < 5)
     record(ok, "v7", "enable 01 02 00 01 (with response) + SERVO_VAL 02 03 00 01 F4 (without) -> ch0 1500 us",
            channel(status_cli(), 0))
     await char.write_value(bytes([0x09, 0x00]), with_response=True)
-    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
     record(ok, "v9", "unknown command 09 00 -> notification FF 01 09", [n.hex() for n in notifications])
 
     report = status_cli()
@@ -328,7 +330,7 @@ async def scenario(device):
         json.dump(report, f, indent=1)
 
     await disconnect(device, connection)
-    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
     record(ok, "v12", "disconnect -> BLE session ended", ble_sessions(status_cli()))
     failsafe = status_cli()["servo"].get("failsafe")
     record(failsafe is not None, "v13", "disconnect -> servo failsafe engaged (%s)" % failsafe, failsafe)
@@ -343,7 +345,7 @@ async def scenario(device):
         await disconnect(device, result[0])
     record(ok, "v14", "advertising resumed: reconnected, two frames in one write -> ch1 2000 us",
            channel(status_cli(), 1) if result else "not found, or FFE1 missing")
-    await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
 
 def bluez_on_bus():
@@ -357,14 +359,14 @@ async def restart_bluetoothd(device):
     with open(pidfile) as f:
         pid = int(f.read().strip())
     os.kill(pid, 9)
-    ok = await wait_for(lambda: "advertising" not in ble_state(status_cli()), 10, 0.2)
+    ok = await wait_for(lambda: "advertising" not in ble_state(status_cli()), 0.2)
     record(ok, "v15", "bluetoothd killed (SIGKILL): the daemon notices", ble_state(status_cli()))
     log = open(os.environ["BLUETOOTHD_LOG"], "a")
     process = subprocess.Popen(BLUETOOTHD + ["-n", "-d"], stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))
     spawned = time.monotonic()
-    named = await wait_for(bluez_on_bus, 20, 0.05)
+    named = await wait_for(bluez_on_bus, 0.05)
     named_at = time.monotonic()
     if not record(named, "v16", "bluetoothd restarted and owns org.bluez (%.1f s after start)" % (named_at - spawned)):
         return
@@ -372,7 +374,7 @@ async def restart_bluetoothd(device):
     try:
         # How long it took is a figure, not a pass mark (a loaded machine
         # may take longer); the check is that it registers again.
-        ok = await wait_for(lambda: "advertising" in ble_state(control.status()), 60, 0.02)
+        ok = await wait_for(lambda: "advertising" in ble_state(control.status()), 0.02)
         took = time.monotonic() - named_at
         record(ok, "v17", "daemon registered again (%.2f s after bluetoothd took org.bluez)" % took,
                ble_state(control.status()))
@@ -386,7 +388,7 @@ async def restart_bluetoothd(device):
         await char.write_value(bytes([0x02, 0x03, 0x03, 0x00, 0x00]), with_response=False)
         ok = await wait_for(lambda: abs(channel(status_cli(), 3).get("pulse_us", 0) - 1000) < 5)
         await char.write_value(bytes([0x09, 0x00]), with_response=True)
-        ok2 = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+        ok2 = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
         ok = ok and ok2
         await disconnect(device, connection)
     record(ok, "v18", "after the bluetoothd restart: new connection, write applied (ch3 1000 us), FF 01 09 notified",
@@ -400,13 +402,13 @@ async def start_bluetoothd(args, log_name):
     with open(pidfile) as f:
         pid = int(f.read().strip())
     os.kill(pid, 15)
-    await wait_for(lambda: "advertising" not in ble_state(status_cli()), 20, 0.2)
+    await wait_for(lambda: "advertising" not in ble_state(status_cli()), 0.2)
     # Each bluetoothd's log of its own (the 5.82 pass repeats the names).
     log = open(daemon_log(log_name.replace(".log", TAG + ".log")), "w")
     process = subprocess.Popen(BLUETOOTHD + ["-n", "-d"] + args, stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))
-    return await wait_for(bluez_on_bus, 20, 0.05) and await wait_for(lambda: "advertising" in ble_state(status_cli()), 60, 0.3)
+    return await wait_for(bluez_on_bus, 0.05) and await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.3)
 
 
 async def switch_bluetoothd(trixie):
@@ -483,7 +485,7 @@ async def phone(device):
         # iOS sets the link's parameters itself (it is the central): a 15 ms
         # interval while an app streams, a 2 s supervision timeout.
         try:
-            await asyncio.wait_for(connection.update_parameters(15, 15, 0, 2000), 10)
+            await asyncio.wait_for(connection.update_parameters(15, 15, 0, 2000), 120)
             updated = "updated"
         except Exception as error:
             updated = repr(error)
@@ -493,7 +495,7 @@ async def phone(device):
             # The pop-up: bluetoothd reads Battery Level, the phone refuses
             # it (Insufficient Authentication), bluetoothd raises security.
             try:
-                await asyncio.wait_for(p.security_event.wait(), 30)
+                await asyncio.wait_for(p.security_event.wait(), 120)
             except asyncio.TimeoutError:
                 pass
             record(p.battery.reads > 0 and len(p.security_requests) > 0, ident + "d",
@@ -509,7 +511,7 @@ async def phone(device):
             except Exception as error:
                 say("FIGURE without the drop-in: a write with response not answered (%r) while the Security Request goes unanswered" % error)
             await disconnect(device, connection)
-            await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 40)
+            await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
             btmon_stop(monitor)
             continue
         # bluetoothd's plugins read the phone's characteristics in handle
@@ -542,7 +544,7 @@ async def phone(device):
                "with the package's drop-in: no Battery Level read and no SMP Security Request in the whole session (no pop-up)",
                (p.battery.reads, len(p.security_requests)))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
     record(len(set(p.addresses)) == len(p.addresses), "p3", "a different private address for each connection", p.addresses)
 
     # The same session from an Android-like phone (its public address, MTU
@@ -580,7 +582,7 @@ async def phone(device):
                "%s: the demo app's session at ATT MTU %d, %d writes answered, servos 1600 us, the LCD lines, no Security Request"
                % (what, negotiated, answered), (error, servos, lines, len(p.security_requests)))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
 
 
@@ -603,13 +605,13 @@ async def restart_daemon(board, log_name):
             return open("/proc/%d/stat" % pid).read().split(") ")[1][0] in "ZX"
         except OSError:
             return True
-    await wait_for(gone, 15, 0.1)
+    await wait_for(gone, 0.1)
     log = open(daemon_log(log_name.replace(".log", TAG + ".log")), "w")
     args = [os.environ["DAEMON"], "--socket", SOCKET, "--tcp", "127.0.0.1:0"] + (["--board", board] if board else [])
     process = subprocess.Popen(args, stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))
-    return await wait_for(lambda: "advertising" in ble_state(status_cli()), 30, 0.3)
+    return await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.3)
 
 
 async def acquire(device):
@@ -637,10 +639,10 @@ async def acquire(device):
     ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 2000) < 5)
     record(ok, "v23", "SERVO_VAL split over two write commands reassembled -> ch0 2000 us", channel(status_cli(), 0))
     await char.write_value(bytes([0x09, 0x00]), with_response=False)
-    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications, 5)
+    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
     record(ok, "v24", "unknown command 09 00 through the acquired socket -> notification FF 01 09", [n.hex() for n in notifications])
     await disconnect(device, connection)
-    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
     record(ok, "v25", "disconnect (acquired socket closed) -> session ended", ble_sessions(status_cli()))
 
 
@@ -688,9 +690,9 @@ async def acknowledgements(device):
         else:
             record(shown, ident + "c", "bluetoothd acknowledged the write request only once applied (%.0f ms; the text was on the LCD)" % (acked * 1000),
                    status_cli()["lcd"]["lines"])
-        await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith(text.decode()), 20)
+        await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith(text.decode()))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0, 10)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
 
 async def main():
@@ -708,7 +710,7 @@ async def main():
         # against a hang: on a busy machine the daemon may wait that long for
         # bluetoothd to list hci0).
         await wait_for(lambda: os.path.exists(os.environ.get("DAEMON_PIDFILE", "/")) and os.path.exists(os.environ.get("BLUETOOTHD_PIDFILE", "/"))
-                       and "advertising" in ble_state(status_cli()), 180, 0.5)
+                       and "advertising" in ble_state(status_cli()), 0.5, patience=180)
         for phase in phases:
             say("phase " + phase)
             try:

@@ -125,16 +125,16 @@ class BleGuest:
             if process is not None:
                 process.terminate()
                 process.wait()
-            rig.wait_until(lambda: not (bluetooth / "hci0").exists(), tries=100, interval=0.1)
+            rig.wait_until(lambda: not (bluetooth / "hci0").exists(), interval=0.1)
             with open(self.out / "btvirt.log", "a") as log:
                 log.write(f"== btvirt, attempt {attempt}\n")
                 log.flush()
                 process = subprocess.Popen([btvirt, *args.split()], stdout=log, stderr=subprocess.STDOUT)
-            rig.wait_until(lambda: (bluetooth / "hci0").exists() and (bluetooth / "hci1").exists(),
-                           tries=100, interval=0.1)
+            rig.wait_until(lambda: (bluetooth / "hci0").exists() and (bluetooth / "hci1").exists(), interval=0.1)
             # A set-up that works takes a few HCI commands; one that fails waits out
-            # the kernel's command timeout first.
-            listed = rig.wait_until(self.controllers_listed, tries=30, interval=0.5)
+            # the kernel's command timeout first; a slow one on a busy host is
+            # given a minute before it counts as failed.
+            listed = rig.wait_until(self.controllers_listed, tries=120, interval=0.5)
             if listed:
                 break
         self.pids.append(process.pid)
@@ -218,7 +218,7 @@ class BleGuest:
                                         self.repo / "Tests/VM/ble_central.py", *phases],
                                        stdout=out, stderr=log, env=central_env)
         self.pids.append(central.pid)
-        rig.wait_until(lambda: ready.is_file() or central.poll() is not None, tries=600, interval=0.1)
+        rig.wait_until(lambda: ready.is_file() or central.poll() is not None, interval=0.1)
         if not ready.is_file():
             self.results.fails("ble-central", "Bumble central holds hci1 (HCI user channel)",
                                tail(self.out / "ble-central.log"))
@@ -232,7 +232,7 @@ class BleGuest:
         Path("/run/dbus").mkdir(parents=True, exist_ok=True)
         with open(self.out / "dbus.log", "wb") as log:
             subprocess.run(["dbus-daemon", "--system", "--fork", "--nopidfile"], stdout=log, stderr=subprocess.STDOUT)
-        rig.wait_until(lambda: Path("/run/dbus/system_bus_socket").is_socket(), tries=50, interval=0.1)
+        rig.wait_until(lambda: Path("/run/dbus/system_bus_socket").is_socket(), interval=0.1)
         mount("tmpfs", "/var/lib/bluetooth", "tmpfs")
         # What Debian 13's bluetoothd needs inside its root: the kernel's files,
         # this system bus, a state directory of its own.
@@ -252,11 +252,11 @@ class BleGuest:
         rig.wait_until(lambda: "boolean true" in rig.run(
             ["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
              "org.freedesktop.DBus.NameHasOwner", "string:org.bluez"], check=False, capture=True).stdout,
-            tries=100, interval=0.1)
+            interval=0.1)
         # bluetoothd may take the name before the kernel has told it about hci0
         # (its first index list can come back empty on a busy machine): wait for
         # the adapter object rather than look once.
-        if rig.wait_until(lambda: has_adapter("hci0"), tries=600, interval=0.1):
+        if rig.wait_until(lambda: has_adapter("hci0"), interval=0.1):
             version = rig.run([BLUETOOTHD, "-v"], check=False, capture=True).stdout.strip()
             self.results.passes("ble-bluez", f"system bus + bluetoothd {version} up, /org/bluez/hci0 present")
             return True
@@ -305,10 +305,10 @@ class BleGuest:
             return  # the peer phase stopped it (and checked v19)
         if daemon > 0 and alive(daemon):
             signal_pid(daemon, signal.SIGTERM)
-            if rig.wait_until(lambda: not alive(daemon), tries=100, interval=0.1):
-                self.results.passes("v19", "daemon stops on SIGTERM within 10 s after the BLE scenario")
+            if rig.wait_until(lambda: not alive(daemon), interval=0.1):
+                self.results.passes("v19", "daemon stops on SIGTERM after the BLE scenario")
             else:
-                self.results.fails("v19", "daemon stops on SIGTERM", "still running after 10 s")
+                self.results.fails("v19", "daemon stops on SIGTERM", "still running")
                 self.pids.append(daemon)
             return
         logs = " ".join(f"==> {log.name} <== {tail(log)}" for log in sorted(self.out.glob("daemon-ble*.log")))
@@ -319,7 +319,7 @@ class BleGuest:
     # advertises on hci0, `blecontrol --ble` connects from hci1, one bluetoothd
     # between them (cli_central.py: scan, a session, a single command).
     def cli_as_central(self) -> None:
-        if not rig.wait_until(lambda: has_adapter("hci1"), tries=300, interval=0.1):
+        if not rig.wait_until(lambda: has_adapter("hci1"), interval=0.1):
             adapters = sorted(set(re.findall(r'/org/bluez/hci[0-9]*"', bluez_objects())))
             self.results.fails("c-setup", "bluetoothd takes hci1 once Bumble lets go", f"adapters: {' '.join(adapters)}")
             return
@@ -333,7 +333,7 @@ class BleGuest:
         board_address = found.group(1) if found else ""
         daemon = self.start_daemon("daemon-cli.log")
         self.pids.append(daemon.pid)
-        rig.wait_until(lambda: '"ble": "advertising' in self.status_text(), tries=600, interval=0.1)
+        rig.wait_until(lambda: '"ble": "advertising' in self.status_text(), interval=0.1)
         # Longer and repeated searches than on BlueZoo: on btvirt's emulated
         # link under TCG a whole LE discovery window (bluetoothd's log: the
         # kernel's discovering 1 ... 0, then bluetoothd restarts it) sometimes
@@ -382,7 +382,7 @@ class BleGuest:
             return 1
         daemon = self.start_daemon("daemon-ble.log")
         self.daemon_pidfile.write_text(f"{daemon.pid}\n")
-        rig.wait_until(self.daemon_answers, tries=300, interval=0.1)
+        rig.wait_until(self.daemon_answers, interval=0.1)
         self.finish_central(central)
         self.stop_daemon()
         self.cli_as_central()

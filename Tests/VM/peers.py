@@ -283,20 +283,24 @@ def run_ours(args, bus, report):
         [args.daemon, "--board", args.board, "--socket", socket_path, "--tcp", "127.0.0.1:0"],
         stdout=log, stderr=subprocess.STDOUT)
     try:
+        # Until the control socket answers and the LCD, which initialises on
+        # its own thread, is online: its set-up is all on the bus then.
+        # Bounded by tries (two minutes and more), not a clock.
         status = None
-        for _ in range(300):
+        for _ in range(1200):
             if daemon.poll() is not None:
                 raise RuntimeError("daemon exited with %s: %s" % (daemon.returncode, tail(log.name)))
             try:
                 status = json.loads(subprocess.run(
                     [args.cli, "status", "--socket", socket_path, "--json"],
                     capture_output=True, check=True, text=True).stdout)
-                break
+                if status.get("lcd", {}).get("online"):
+                    break
             except (subprocess.CalledProcessError, ValueError):
-                time.sleep(0.1)
-        if status is None:
-            raise RuntimeError("control socket did not answer: %s" % tail(log.name))
-        time.sleep(2)  # the LCD initialises on its own thread
+                pass
+            time.sleep(0.1)
+        if not (status or {}).get("lcd", {}).get("online"):
+            raise RuntimeError("control socket did not answer, or the LCD never came online: %s" % tail(log.name))
         row["init"] = count(trace_take(), bus)
         port = int(status["transports"]["tcp"].rsplit(":", 1)[1])
         connection = socket.create_connection(("127.0.0.1", port))

@@ -69,10 +69,10 @@ async def link_loss(device, central, phone):
         await char.write_value(servo_frame(3, 100 + step * 10), with_response=False)
         await asyncio.sleep(0.015)
     # The last value the stream sent is on the chip before the link goes.
-    streamed = await central.wait_for(lambda: near(pulse(central, 3), 1490), 10)
+    streamed = await central.wait_for(lambda: near(pulse(central, 3), 1490))
     central.record(streamed, "l2", "streaming SERVO_VAL at 15 ms: the last value applied (ch3 1490 us)", pulse(central, 3))
     await device.disconnect(connection, CONNECTION_TIMEOUT)
-    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status_cli()), 15, 0.2)
+    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status_cli()), 0.2)
     report = report or central.status_cli()
     failsafe = report["servo"].get("failsafe")
     switches = [s.get("on") for s in report.get("switches", [])]
@@ -91,11 +91,11 @@ async def link_loss(device, central, phone):
     central.record(still is not None, "l5", "connected again but no frame yet: the failsafe still holds", still)
     await char.write_value(servo_frame(3, 200), with_response=False)
     await char.write_value(enable_frames(), with_response=True)
-    cleared = await central.wait_for(lambda: central.status_cli()["servo"].get("failsafe") is None and near(pulse(central, 3), 1200), 10)
+    cleared = await central.wait_for(lambda: central.status_cli()["servo"].get("failsafe") is None and near(pulse(central, 3), 1200))
     central.record(cleared, "l6", "the returning phone's first frames clear the failsafe (ch3 1200 us)",
                    (central.status_cli()["servo"].get("failsafe"), pulse(central, 3)))
     await central.disconnect(device, connection)
-    await central.wait_for(lambda: len(central.ble_sessions(central.status_cli())) == 0, 10)
+    await central.wait_for(lambda: len(central.ble_sessions(central.status_cli())) == 0)
 
 
 class Keyboard(PairingDelegate):
@@ -115,7 +115,7 @@ class Keyboard(PairingDelegate):
                 if line.startswith("PIN "):
                     return line[4:10], report
             return None
-        found = await self.central.wait_for(shown, 30, 0.2)
+        found = await self.central.wait_for(shown, 0.2)
         if not found:
             return None
         self.shown = found
@@ -150,7 +150,7 @@ async def reload_board(central, path, **ble):
         report = central.status_cli()
         return (report["configuration"]["reloads"] > before and (report["configuration"].get("last_reload") or "").startswith("applied")
                 and ("advertising as %s " % ble["name"]) in central.ble_state(report))
-    return await central.wait_for(done, 30, 0.3)
+    return await central.wait_for(done, 0.3)
 
 
 async def reconnect_bonded(device, central, phone, handle, value, name=None):
@@ -253,7 +253,7 @@ async def pairing_steps(device, central, phone):
                    % (keyboard.shown[0] if keyboard.shown else "nothing", failed))
     await central.disconnect(device, connection)
     cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"])
-                                     and not central.ble_sessions(central.status_cli()), 15)
+                                     and not central.ble_sessions(central.status_cli()))
     central.record(cleared, "q5", "after the failed pairing the passkey is off the LCD", central.status_cli()["lcd"]["lines"])
 
     # The same phone seen unbonded from its identity address just before it
@@ -267,7 +267,7 @@ async def pairing_steps(device, central, phone):
     central.record(result is not None, "q5b", "the phone connects unbonded from its identity address %s, then leaves" % identity)
     if result is not None:
         await central.disconnect(device, result[0])
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 15)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
 
     # The right passkey: bonded, writes accepted.
     await phone.rotate_address()
@@ -290,7 +290,7 @@ async def pairing_steps(device, central, phone):
                    "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (also in status: '%s'); "
                    "bonded in %.2f s" % (central.ble_state(shown), took), repr(error))
     central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
-    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status_cli())), 10)
+    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status_cli())))
     central.record(state is not None and not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"]), "q8",
                    "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status_cli()))
     try:
@@ -305,7 +305,7 @@ async def pairing_steps(device, central, phone):
                    "(%d writes answered, servos %s)" % (answered, servos), repr(error))
     hash_before = await database_hash(connection)
     await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
 
     # The bond and the cached handle across a new address, a daemon restart,
     # a bluetoothd restart and board reloads.
@@ -332,7 +332,7 @@ async def pairing_steps(device, central, phone):
             continue
         value += 50
         connection, why = await reconnect_bonded(device, central, phone, handle, value, name)
-        applied = why is None and await central.wait_for(lambda: near(pulse(central, 0), 1000 + value), 10)
+        applied = why is None and await central.wait_for(lambda: near(pulse(central, 0), 1000 + value))
         hash_now = await database_hash(connection) if connection else None
         central.record(applied and hash_now == hash_before, ident,
                        "after %s: the bonded phone encrypts with its stored key and writes to the FFE1 handle it cached (0x%04X) "
@@ -340,7 +340,7 @@ async def pairing_steps(device, central, phone):
                        (why, pulse(central, 0), hash_before, hash_now))
         if connection:
             await central.disconnect(device, connection)
-        await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+        await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
 
     # ble.allow: the same bonded phone, not on the list, is refused.
     ok = await reload_board(central, board, name="BLEControl-R3", security="authenticated", allow="[00:11:22:33:44:55]")
@@ -354,7 +354,7 @@ async def pairing_steps(device, central, phone):
                    (why, pulse(central, 0), state))
     if connection:
         await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
     await reload_board(central, board, name="BLEControl-R4", security="authenticated", allow="[%s]" % identity)
 
     # forget-bonds: the board drops the keys; the phone's old key no longer
@@ -367,7 +367,7 @@ async def pairing_steps(device, central, phone):
                    "after forget-bonds the phone's stored key is refused (%s) and nothing moves" % why, pulse(central, 0))
     if connection:
         await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()), 10)
+    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
     out = central.subprocess.run([central.CLI, "forget-bonds", "--socket", central.SOCKET], capture_output=True, text=True, timeout=30)
     central.record(out.returncode == 0 and "no bonds" in out.stdout, "q18", "forget-bonds again: nothing left to forget", out.stdout + out.stderr)
 

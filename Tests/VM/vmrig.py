@@ -93,8 +93,9 @@ def signal_pid(pid: "int | None", sig: int) -> None:
         pass
 
 
-def ended(process: subprocess.Popen, *, tries: int, interval: float = 0.1) -> bool:
-    """Whether process exits within `tries` polls (a bound on a hang)."""
+def ended(process: subprocess.Popen, *, tries: "int | None" = None, interval: float = 0.1) -> bool:
+    """Whether process exits within `tries` polls (default: rig.PATIENCE's;
+    a bound on a hang)."""
     return rig.wait_until(lambda: process.poll() is not None, tries=tries, interval=interval)
 
 
@@ -136,9 +137,10 @@ class I2CBus:
             pass
         return f"register {register:#04x} of {address:#04x} reads {got}, want {want:#04x}"
 
-    def wait_for(self, address: int, register: int, want: int, *, tries: int) -> "str | None":
-        """As expect, polled every 0.1 s up to `tries` times (a bound, not a
-        time limit: the servo thread flushes on its own schedule)."""
+    def wait_for(self, address: int, register: int, want: int, *, tries: "int | None" = None) -> "str | None":
+        """As expect, polled every 0.1 s up to `tries` times (default:
+        rig.PATIENCE's; a bound, not a time limit: the servo thread flushes
+        on its own schedule)."""
         return rig.poll(lambda: self.expect(address, register, want), tries=tries, interval=0.1)
 
 
@@ -216,10 +218,10 @@ class Daemon:
         return self.cli("status", "--json").returncode == 0
 
     def start(self, board: "str | None", log: "str | os.PathLike[str]", *,
-              env: "dict[str, str] | None" = None, tries: int = 300) -> "str | None":
+              env: "dict[str, str] | None" = None) -> "str | None":
         """Starts it (with --board unless None) and waits until the control
-        socket answers: polled every 0.1 s, `tries` times. None when it does,
-        else the why."""
+        socket answers: polled every 0.1 s, rig.PATIENCE's tries. None when
+        it does, else the why."""
         Path(self.socket).unlink(missing_ok=True)
         self.log = Path(log)
         args = [self.daemon] + (["--board", board] if board else [])
@@ -227,7 +229,7 @@ class Daemon:
             self.process = subprocess.Popen(
                 args + ["--socket", self.socket, "--tcp", "127.0.0.1:0"],
                 stdout=output, stderr=subprocess.STDOUT, env=env)
-        for _ in range(tries):
+        for _ in range(rig.patient_tries(0.1)):
             if self.process.poll() is not None:
                 status = self.process.returncode
                 self.process = None
@@ -238,7 +240,7 @@ class Daemon:
         # Not left running: it would hold the board's lock, and every later
         # start would fail as "already runs this board" instead of its own way.
         self.kill()
-        return f"control socket did not answer within {tries // 10} s: {tail(log, 2)}"
+        return f"control socket never answered: {tail(log, 2)}"
 
     @property
     def pid(self) -> "int | None":
@@ -247,17 +249,17 @@ class Daemon:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM, *, tries: int = 150) -> "str | None":
-        """Sends sig; the daemon must exit 0 within `tries` polls 0.1 s
-        apart (150: 15 s), else it is killed. None when it did."""
+    def stop(self, sig: int = signal.SIGTERM) -> "str | None":
+        """Sends sig; the daemon must exit 0 within rig.PATIENCE's polls 0.1 s
+        apart, else it is killed. None when it did."""
         if self.process is None:
             return "not running"
         process, self.process = self.process, None
         process.send_signal(sig)
-        if not ended(process, tries=tries):
+        if not ended(process):
             process.kill()
             process.wait()
-            return f"still running {tries // 10} s after {signal.Signals(sig).name}"
+            return f"still running after {signal.Signals(sig).name}"
         if process.returncode != 0:
             status = rig.shell_status(process.returncode)
             return f"exit status {status}" + (
@@ -279,11 +281,12 @@ class Daemon:
         return int(status["transports"]["tcp"].rsplit(":", 1)[1])
 
 
-def status_holds(daemon: Daemon, expression: str, *, tries: int = 1,
+def status_holds(daemon: Daemon, expression: str, *, tries: "int | None" = None,
                  interval: float = 0.2) -> "str | None":
     """The Python expression over the status object `s` (blecontrol status
-    --json) becomes true within `tries` polls `interval` apart. None when it
-    does, else the why (with the status's lcd, led and servo)."""
+    --json) becomes true within `tries` polls `interval` apart (default:
+    rig.PATIENCE's). None when it does, else the why (with the status's lcd,
+    led and servo)."""
     def holds() -> "str | None":
         status = daemon.status()
         if status is None:

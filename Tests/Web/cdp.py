@@ -69,8 +69,9 @@ class Chromium:
                 else:
                     self._events.put(message)
 
-    def send(self, method, params=None, session=None, timeout=30):
-        """Sends a command and returns its result (raises ProtocolError)."""
+    def send(self, method, params=None, session=None, timeout=120):
+        """Sends a command and returns its result (raises ProtocolError). The
+        timeout only ends a hang: a busy machine may take its time."""
         waiter = queue.Queue()
         with self._lock:
             self._next_id += 1
@@ -107,26 +108,31 @@ class Chromium:
             timeout = 0.0
             deadline = time.monotonic()
 
-    def wait_event(self, predicate, timeout, since=0):
+    def wait_event(self, predicate, since=0, tries=1200):
         """The first event from history[since] on (old or new) for which
-        predicate holds, or None."""
+        predicate holds, or None once `tries` waits of 0.1 s have brought no
+        event (two minutes and more of quiet: bounded by tries, not a clock,
+        so a busy machine only stretches the wait)."""
         for event in self.history[since:]:
             if predicate(event):
                 return event
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for event in self.pump(min(0.2, max(0.0, deadline - time.monotonic()))):
+        quiet = 0
+        while quiet < tries:
+            fresh = self.pump(0.1)
+            if not fresh:
+                quiet += 1
+            for event in fresh:
                 if predicate(event):
                     return event
         return None
 
     def close(self):
         try:
-            self.send("Browser.close", timeout=5)
+            self.send("Browser.close", timeout=30)
         except ProtocolError:
             pass
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

@@ -34,11 +34,13 @@ if [ "${1:-}" = btvirt ]; then
     pid=""
     for attempt in 1 2 3 4 5; do
         if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
-        for _ in $(seq 100); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
+        for _ in $(seq 1200); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
         "$dir/btvirt" -L -l2 &
         pid=$!
         ok=no
-        for _ in $(seq 60); do
+        # Bounded by tries (two minutes and more): a slow set-up on a busy
+        # host is not a failed one.
+        for _ in $(seq 240); do
             if addressed hci0 && addressed hci1; then ok=yes; break; fi
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.5
@@ -57,7 +59,7 @@ fi
 
 insmod "$dir/i2c-stub.ko" chip_addr=0x40,0x27
 bus=""
-for _ in $(seq 300); do
+for _ in $(seq 1200); do
     for adapter in /sys/bus/i2c/devices/i2c-*; do
         [ "$(cat "$adapter/name" 2>/dev/null)" = "SMBus stub driver" ] && bus=${adapter##*/i2c-}
     done
@@ -104,6 +106,6 @@ sync /etc/blecontrol
 
 modprobe bluetooth
 insmod "$dir/hci_vhci.ko"
-[ -c /dev/vhci ] || { for _ in $(seq 100); do [ -c /dev/vhci ] && break; sleep 0.1; done; }
+[ -c /dev/vhci ] || { for _ in $(seq 1200); do [ -c /dev/vhci ] && break; sleep 0.1; done; }
 [ -c /dev/vhci ] || { say "no /dev/vhci"; exit 1; }
 say "hci_vhci loaded"

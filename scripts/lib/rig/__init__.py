@@ -193,10 +193,24 @@ def sh(script: str, *args: "str | os.PathLike[str]", **kwargs) -> subprocess.Com
     return run(["sh", "-ec", script, "sh", *args], **kwargs)
 
 
-def wait_until(predicate: Callable[[], bool], *, tries: int, interval: float = 0.5) -> bool:
-    """Whether predicate holds within `tries` tries, `interval` seconds apart.
-    The bound is a count, a guard against a hang: nothing here asserts a
-    duration (emulated machines on busy hosts are slow)."""
+# What the pauses of a wait add up to unless its caller has a reason for
+# another bound: two minutes. Still a count of tries, not a clock: on a busy
+# host, or in an emulated machine, each try takes longer and the wait
+# stretches with it.
+PATIENCE = 120.0
+
+
+def patient_tries(interval: float) -> int:
+    """The tries, `interval` seconds apart, whose pauses add up to PATIENCE."""
+    return int(PATIENCE / interval) + 1
+
+
+def wait_until(predicate: Callable[[], bool], *, tries: "int | None" = None, interval: float = 0.5) -> bool:
+    """Whether predicate holds within `tries` tries (default: PATIENCE's),
+    `interval` seconds apart. The bound is a count, a guard against a hang:
+    nothing here asserts a duration (emulated machines on busy hosts are
+    slow)."""
+    tries = patient_tries(interval) if tries is None else tries
     for attempt in range(tries):
         if predicate():
             return True
@@ -205,10 +219,11 @@ def wait_until(predicate: Callable[[], bool], *, tries: int, interval: float = 0
     return False
 
 
-def poll(check: Callable[[], "str | None"], *, tries: int, interval: float = 0.5) -> "str | None":
+def poll(check: Callable[[], "str | None"], *, tries: "int | None" = None, interval: float = 0.5) -> "str | None":
     """wait_until for a check: check returns None when what it wants holds,
-    else why not. None as soon as it holds within `tries` tries; else the
-    last why, for the FAIL line."""
+    else why not. None as soon as it holds within `tries` tries (default:
+    PATIENCE's); else the last why, for the FAIL line."""
+    tries = patient_tries(interval) if tries is None else tries
     why: "str | None" = "never checked"
     for attempt in range(tries):
         why = check()
