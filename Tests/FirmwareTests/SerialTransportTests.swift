@@ -233,6 +233,35 @@ struct SerialTransportTests {
         #expect(rig.serialState().contains("central connected"))
     }
 
+    @Test("A central that floods bad frames faster than the line takes their ERRORs: replies beyond a second of the line are dropped, the port and the session stay")
+    func repliesBeyondTheLine() throws {
+        let rig = try SerialBoard()
+        #expect(eventually { rig.serialState().contains("HM-10 set up, no central") }, "\(rig.serialState())")
+        rig.module.connect()
+        #expect(eventually { rig.serialState().contains("central connected") })
+        rig.module.pauseReading()
+        // 1 MB of unknown commands: 1.5 MB of ERROR, more than the
+        // pseudo-terminal and any bound of the board's hold.
+        let flood = [UInt8](repeating: 0, count: 1_000_000).enumerated().map { $0.offset % 2 == 0 ? UInt8(0x09) : 0x00 }
+        rig.module.centralWrites(flood)
+        #expect(eventually(timeout: .seconds(120)) { ((try? rig.board.runtime.status().counters.errors) ?? 0) >= flood.count / 2 },
+                "the board stopped taking the flood: \(rig.serialState())")
+        rig.module.resumeReading()
+        // Once the line has caught up, a new bad frame is answered again
+        // (asked until it is: one asked while a second is still queued is
+        // dropped like the flood's).
+        var replies: [UInt8] = []
+        #expect(eventually {
+            rig.module.centralWrites([0x0A, 0x00])
+            replies += rig.module.takeReplies(count: 1, timeout: .milliseconds(50))
+            return replies.suffix(3) == [0xFF, 0x01, 0x0A]
+        }, "no answer to a new frame: \(replies.count) bytes of replies, the last \(replies.suffix(6))")
+        // A second of the line (960 bytes) and the pseudo-terminal's own buffer.
+        #expect(replies.count < 100_000, "\(replies.count) bytes of replies were kept for a 9600-baud line")
+        #expect(rig.serialState().contains("central connected"), "\(rig.serialState())")
+        #expect(try rig.board.servo().failsafe == nil)
+    }
+
     @Test("A module that does not answer AT: said in status; the first data opens the session and frames still work")
     func silentModule() throws {
         let rig = try SerialBoard(answersAT: false)

@@ -29,6 +29,9 @@ public final class SerialTransport: @unchecked Sendable {
     private var stopped = false
     private var lastOpenError: String?
     private var moduleAnswered: Bool?
+    /// Replies dropped because the line was a second behind.
+    public private(set) var droppedReplies = 0
+    private var droppedReplyLog = LogThrottle()
     /// Called with a one-line state for status whenever it changes.
     public var onState: (String) -> Void = { _ in }
 
@@ -222,10 +225,32 @@ public final class SerialTransport: @unchecked Sendable {
     }
 
     private func openSession(reason: String) {
-        session = hub.open(transport: .serial, peer: "HM-10 on \(configuration.device)") { [weak self] bytes in self?.connection?.send(bytes) }
+        session = hub.open(transport: .serial, peer: "HM-10 on \(configuration.device)") { [weak self] bytes in self?.reply(bytes) }
         logger.info("serial: central connected (\(reason))")
         publishState()
     }
+
+    /// Sends a reply to the central, unless a second of the line's time is
+    /// queued already: the UART (no flow control) drains at the baud rate
+    /// whatever comes, and a central that sends bad frames at the line rate
+    /// draws one and a half times as many bytes of ERROR. Queueing them all
+    /// would delay every reply without end and, at the connection's bound,
+    /// close the port under the central; a dropped ERROR is a notification
+    /// lost, as BLE may lose one.
+    private func reply(_ bytes: [UInt8]) {
+        guard let connection else { return }
+        guard connection.queuedBytes + bytes.count <= replyBacklog else {
+            droppedReplies += 1
+            if let more = droppedReplyLog.admit(at: loop.now) {
+                logger.warning("serial: a reply to the central dropped: a second of \(where_) is queued already\(more)")
+            }
+            return
+        }
+        connection.send(bytes)
+    }
+
+    /// A second of the line (10 bits a byte, 8N1): 960 bytes at 9600 baud.
+    private var replyBacklog: Int { configuration.baud / 10 }
 
     private func endSession(reason: String?) {
         guard let session else { return }

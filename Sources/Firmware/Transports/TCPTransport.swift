@@ -25,12 +25,13 @@ public final class TCPTransport: @unchecked Sendable {
     private let maxConnections: Int
     private var listener: Listener?
     private var connections: [ObjectIdentifier: Peer] = [:]
-    /// Connections closed for not starting with a frame, and when one was
-    /// last logged (one line per `rejectionLogInterval`, with a count).
-    private var rejected = 0
-    private var rejectedUnlogged = 0
-    private var lastRejectionLogged: ContinuousClock.Instant?
-    static let rejectionLogInterval: Duration = .seconds(10)
+    private var rejections = LogThrottle()
+    /// The most reply bytes kept for a peer that does not read them before
+    /// it is dropped. A central's replies are 3-byte ERRORs, and the kernel's
+    /// socket buffer (up to 4 MiB) takes them first: this is only what a
+    /// peer that sends bad frames and never reads makes the board keep, once
+    /// for each of its `maxConnections`.
+    static let maxQueuedReplies = 64 << 10
     /// The port actually bound (differs from the configured one when that is 0).
     public private(set) var port: UInt16?
 
@@ -58,7 +59,7 @@ public final class TCPTransport: @unchecked Sendable {
     public var statistics: Listener.Statistics { listener?.statistics ?? Listener.Statistics() }
 
     /// Connections closed because their first bytes were not a frame.
-    public var rejectedConnections: Int { rejected }
+    public private(set) var rejectedConnections = 0
 
     /// Binds and starts accepting (on the loop).
     public func start(host: String, port: UInt16) throws {
@@ -86,7 +87,7 @@ public final class TCPTransport: @unchecked Sendable {
     }
 
     private func accepted(_ fd: FileDescriptor, peer address: String) {
-        let connection = StreamConnection(fd: fd, loop: loop)
+        let connection = StreamConnection(fd: fd, loop: loop, maxQueued: Self.maxQueuedReplies)
         let key = ObjectIdentifier(connection)
         connections[key] = Peer(connection: connection, address: address)
         listener?.openConnections = connections.count
@@ -125,15 +126,9 @@ public final class TCPTransport: @unchecked Sendable {
     }
 
     private func reject(_ peer: Peer, start: [UInt8]) {
-        rejected += 1
-        let now = loop.now
-        if let last = lastRejectionLogged, now < last + Self.rejectionLogInterval {
-            rejectedUnlogged += 1
-        } else {
-            let more = rejectedUnlogged == 0 ? "" : " (\(rejectedUnlogged) more since the last such line)"
+        rejectedConnections += 1
+        if let more = rejections.admit(at: loop.now) {
             logger.notice("TCP \(peer.address): not a BLEControl central (first bytes \(ControlProtocol.hex(start))); closed\(more)")
-            lastRejectionLogged = now
-            rejectedUnlogged = 0
         }
         peer.connection.close()
     }
