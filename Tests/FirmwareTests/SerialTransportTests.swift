@@ -131,6 +131,12 @@ struct HM10StreamTests {
         for chunks in splits(partial + lost + connected + servo) {
             #expect(StreamRig.sort([connected] + chunks) == [.connected, .data(partial), .lost, .connected, .data(servo)], "\(chunks)")
         }
+        // A whole notice, then the start of another that never comes: the
+        // line was not quiet after the first, so it is the central's text.
+        var unfinished = StreamRig()
+        unfinished.feed(connected + partial + lost + Array("O".utf8))
+        unfinished.wait(.seconds(1))
+        #expect(unfinished.events == [.connected, .data(partial + lost + Array("O".utf8))])
         // The same letters with the frame going on: the central's text.
         var rig = StreamRig()
         rig.feed(connected + partial + lost)

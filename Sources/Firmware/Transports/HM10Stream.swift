@@ -101,19 +101,17 @@ public struct HM10Stream: Sendable {
     }
 
     /// Releases what is held if the line has been quiet for longer than
-    /// ``hold``: a complete notice (inside a frame) as the notice, anything
-    /// else as data.
+    /// ``hold``: a whole notice inside a frame that nothing followed as the
+    /// notice, anything else as data (a notice followed by the start of
+    /// another that never came was followed by the central's bytes).
     public mutating func expire(at now: ContinuousClock.Instant, emit: (Event) -> Void) {
         guard let deadline, now > deadline else { return }
-        while !pending.isEmpty {
-            if let notice = Self.notice(at: pending[...]) {
-                pending.removeFirst(Self.noticeLength)
-                emit(notice)
-            } else {
-                emit(.data(pending))
-                pending.removeAll()
-            }
+        if pending.count == Self.noticeLength, let notice = Self.notice(at: pending[...]) {
+            emit(notice)
+        } else {
+            emit(.data(pending))
         }
+        pending.removeAll()
     }
 
     /// Decides what it can about the held bytes: notices out, data out, and
