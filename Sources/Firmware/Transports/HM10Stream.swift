@@ -86,16 +86,10 @@ public struct HM10Stream: Sendable {
         for byte in bytes {
             if pending.isEmpty && byte != Self.noticeStart {
                 run.append(byte)
-                continue
+            } else {
+                pending.append(byte)
+                resolve(into: &run, atFrameBoundary: atFrameBoundary, emit: emit)
             }
-            // The session must have seen every byte before this one to say
-            // whether a frame may start here.
-            if !run.isEmpty {
-                emit(.data(run))
-                run.removeAll()
-            }
-            pending.append(byte)
-            resolve(atFrameBoundary: atFrameBoundary, emit: emit)
         }
         if !run.isEmpty { emit(.data(run)) }
     }
@@ -114,19 +108,26 @@ public struct HM10Stream: Sendable {
         pending.removeAll()
     }
 
-    /// Decides what it can about the held bytes: notices out, data out, and
-    /// keeps what may still become a notice.
-    private mutating func resolve(atFrameBoundary: () -> Bool, emit: (Event) -> Void) {
+    /// Decides what it can about the held bytes: data goes to `run` (handed
+    /// on in one piece, not a byte at a time), notices out, and what may
+    /// still become a notice stays.
+    private mutating func resolve(into run: inout [UInt8], atFrameBoundary: () -> Bool, emit: (Event) -> Void) {
         while let first = pending.first {
             if first != Self.noticeStart {
                 // Not the start of a notice: data, up to the next O.
                 let end = pending.firstIndex(of: Self.noticeStart) ?? pending.endIndex
-                emit(.data(Array(pending[..<end])))
+                run += pending[..<end]
                 pending.removeFirst(end)
                 continue
             }
             if let notice = Self.notice(at: pending[...]) {
                 let rest = pending[Self.noticeLength...]
+                // The session must have seen every byte before the notice to
+                // say whether a frame may start there.
+                if !run.isEmpty {
+                    emit(.data(run))
+                    run.removeAll(keepingCapacity: true)
+                }
                 // Inside a frame: a notice only once the line is quiet after
                 // it, or when another notice follows at once.
                 if atFrameBoundary() || Self.notice(at: rest) != nil {
@@ -139,7 +140,7 @@ public struct HM10Stream: Sendable {
                 return
             }
             // The match broke: its first byte is data, the rest is matched again.
-            emit(.data([first]))
+            run.append(first)
             pending.removeFirst()
         }
     }
