@@ -162,5 +162,6 @@ if Context.environment["BLECONTROL_FUZZ"] == "1" {
             .product(name: "Logging", package: "swift-log"),
         ], path: "Fuzz/session"),
         .executableTarget(name: "fuzz-board", dependencies: ["Board", "FuzzSupport"], path: "Fuzz/board"),
+        .executableTarget(name: "fuzz-serial", dependencies: ["BLEControlProtocol", "Firmware", "FuzzSupport"], path: "Fuzz/serial"),
     ]
 }

@@ -29,6 +29,7 @@ public final class HM10Emulator: @unchecked Sendable {
     private var commands: [String] = []
     private var fromBoard: [UInt8] = []
     private var stopping = false
+    private var paused = false
     private let reader = OSThread(name: "hm10-emulator")
 
     public init(master fd: Int32, answersAT: Bool = true, baud: Int? = nil) {
@@ -50,6 +51,14 @@ public final class HM10Emulator: @unchecked Sendable {
     public var moduleName: String { condition.withLock { name } }
     /// Whether AT+NOTI1 turned connection notifications on.
     public var notificationsOn: Bool { condition.withLock { notifications } }
+
+    /// Stops reading what the board sends (a UART whose far end is slower
+    /// than the board's replies): they wait in the pseudo-terminal, then in
+    /// the board.
+    public func pauseReading() { condition.withLock { paused = true } }
+
+    /// Reads what the board sends again.
+    public func resumeReading() { condition.withLock { paused = false } }
 
     /// A central connects: the module says `OK+CONN` when notifications are on.
     public func connect() {
@@ -130,6 +139,10 @@ public final class HM10Emulator: @unchecked Sendable {
     private func readLoop() {
         var buffer = [UInt8](repeating: 0, count: 4096)
         while !condition.withLock({ stopping }) {
+            if condition.withLock({ paused }) {
+                sleepThread(.milliseconds(5))
+                continue
+            }
             // A short poll, so stop() is seen without a signal.
             var waiting = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             guard poll(&waiting, 1, 20) > 0 else { continue }

@@ -197,6 +197,8 @@ final class Flooder: @unchecked Sendable {
 
     init(port: UInt16) throws {
         client = try LoopbackTCPClient(port: port)
+        // A connection that does not start with a frame is closed: INIT first.
+        try client.send([0x00, 0x00])
         let fd = client.fd
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         let chunk = (0..<8192).map { $0 % 2 == 0 ? UInt8(0x09) : 0x00 }
@@ -246,6 +248,7 @@ struct DaemonFigures {
 /// Round trip of an ERROR-drawing frame on one central, `count` times (µs).
 func errorRoundTrips(port: UInt16, count: Int) throws -> [Double] {
     let central = try LoopbackTCPClient(port: port)
+    try central.send([0x00, 0x00])  // INIT: a connection starts with a frame
     var samples: [Double] = []
     for _ in 0..<count {
         let start = ContinuousClock.now
@@ -353,7 +356,7 @@ func measureDaemon(binary: String, label: String, capBoard: String?) throws -> D
         for _ in 0..<50 {
             let start = ContinuousClock.now
             let client = try LoopbackTCPClient(port: daemon.port)
-            try client.send([0x09, 0x00])
+            try client.send([0x00, 0x00, 0x09, 0x00])
             if client.receive(count: 3, timeout: .seconds(30)) == [0xFF, 0x01, 0x09] {
                 connects.append(start.duration(to: .now).inSeconds * 1e6)
             }
@@ -374,7 +377,7 @@ func measureDaemon(binary: String, label: String, capBoard: String?) throws -> D
         for _ in 0..<1000 {
             let opened = ContinuousClock.now
             guard let client = try? LoopbackTCPClient(port: daemon.port) else { break }
-            try? client.send([0x09, 0x00])
+            try? client.send([0x00, 0x00, 0x09, 0x00])
             clients.append(client)
             _ = opened
         }

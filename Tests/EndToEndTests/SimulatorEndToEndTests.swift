@@ -201,7 +201,9 @@ struct SimulatorEndToEndTests {
         }
         #expect(daemon.isRunning)
         let central = try LoopbackTCPClient(port: daemon.tcpPort)
-        try central.send(Bytes.unknown9)
+        // A central starts with a frame (INIT): a first unknown command is
+        // no central's, and closes the connection.
+        try central.send(Bytes.initialize + Bytes.unknown9)
         #expect(central.receive(count: 3) == Bytes.error9)
         let status = try daemon.status()
         #expect(((status["counters"] as? [String: Any])?["errors"] as? Int ?? 0) > 0)

@@ -6,48 +6,144 @@ import Testing
 import TestSupport
 @testable import Firmware
 
-@Suite("The HM-10 stream: notices between frames, data inside them")
-struct HM10StreamTests {
-    /// Feeds `chunks` with a boundary rule like a session's: a frame
-    /// starts at 0x02 and spans 5 bytes.
-    private func sort(_ chunks: [[UInt8]]) -> [HM10Stream.Event] {
-        var stream = HM10Stream()
-        var events: [HM10Stream.Event] = []
-        var inFrame = 0
-        for chunk in chunks {
-            stream.feed(chunk, atFrameBoundary: { inFrame == 0 }) { event in
-                if case .data(let bytes) = event {
-                    for byte in bytes {
-                        if inFrame > 0 { inFrame -= 1 } else if byte == 0x02 { inFrame = 4 }
-                    }
-                    if case .data(let last)? = events.last {
-                        events[events.count - 1] = .data(last + bytes)
-                        return
-                    }
-                }
-                events.append(event)
+/// An `HM10Stream` fed as the serial transport feeds it, on injected time:
+/// the boundary rule is a real decoder's (a session's), a `.lost` ends the
+/// session and its decoder, and what is held is released when the
+/// transport's timer would release it.
+private struct StreamRig {
+    var stream = HM10Stream()
+    var decoder: FrameDecoder?
+    var now = ContinuousClock.now
+    var events: [HM10Stream.Event] = []
+
+    /// Feeds `chunk` `gap` after the last one.
+    mutating func feed(_ chunk: [UInt8], after gap: Duration = .milliseconds(1)) {
+        wait(gap)
+        var decoder = self.decoder
+        var events = self.events
+        stream.feed(chunk, at: now, atFrameBoundary: { !(decoder?.hasPartialFrame ?? false) }) { event in
+            Self.record(event, decoder: &decoder, events: &events, at: now)
+        }
+        self.decoder = decoder
+        self.events = events
+    }
+
+    /// Lets `duration` pass, running the transport's timer when it is due.
+    mutating func wait(_ duration: Duration) {
+        let end = now + duration
+        while let deadline = stream.deadline, deadline < end {
+            now = deadline + .nanoseconds(1)
+            var decoder = self.decoder
+            var events = self.events
+            stream.expire(at: now) { event in Self.record(event, decoder: &decoder, events: &events, at: now) }
+            self.decoder = decoder
+            self.events = events
+        }
+        now = end
+    }
+
+    /// Feeds `chunks` back to back, then lets the line go quiet.
+    static func sort(_ chunks: [[UInt8]]) -> [HM10Stream.Event] {
+        var rig = StreamRig()
+        for chunk in chunks { rig.feed(chunk) }
+        rig.wait(.seconds(1))
+        return rig.events
+    }
+
+    private static func record(_ event: HM10Stream.Event, decoder: inout FrameDecoder?, events: inout [HM10Stream.Event], at now: ContinuousClock.Instant) {
+        switch event {
+        case .lost: decoder = nil
+        case .connected: if decoder == nil { decoder = FrameDecoder(configuration: .init(idleTimeout: nil)) }
+        case .data(let bytes):
+            if decoder == nil { decoder = FrameDecoder(configuration: .init(idleTimeout: nil)) }
+            decoder?.decode(bytes, at: now) { _ in }
+            if case .data(let last)? = events.last {
+                events[events.count - 1] = .data(last + bytes)
+                return
             }
         }
-        return events
+        events.append(event)
+    }
+}
+
+@Suite("The HM-10 stream: notices between frames, data inside them, nothing held for long")
+struct HM10StreamTests {
+    private let lost = Array("OK+LOST".utf8)
+    private let connected = Array("OK+CONN".utf8)
+    private let servo: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
+
+    /// Every way to cut `bytes` in two, and one byte a chunk.
+    private func splits(_ bytes: [UInt8]) -> [[[UInt8]]] {
+        (0...bytes.count).map { [Array(bytes.prefix($0)), Array(bytes.dropFirst($0))] } + [bytes.map { [$0] }]
     }
 
     @Test("OK+CONN and OK+LOST between frames are notices, in order, however the bytes are split")
     func notices() {
-        let servo: [UInt8] = [0x02, 0x03, 0x00, 0x01, 0xF4]
-        let stream = Array("OK+CONN".utf8) + servo + Array("OK+LOST".utf8)
-        #expect(sort([stream]) == [.connected, .data(servo), .lost])
-        #expect(sort(stream.map { [$0] }) == [.connected, .data(servo), .lost], "one byte at a time")
-        #expect(sort([Array(stream.prefix(3)), Array(stream.dropFirst(3))]) == [.connected, .data(servo), .lost])
+        for chunks in splits(connected + servo + lost) {
+            #expect(StreamRig.sort(chunks) == [.connected, .data(servo), .lost], "\(chunks)")
+        }
     }
 
     @Test("The same bytes inside a frame are the central's data; a near miss is data too")
     func dataStaysData() {
-        // "OK+LO" inside a 5-byte frame starting at 0x02: data.
-        let inside: [UInt8] = [0x02] + Array("OK+L".utf8)
-        #expect(sort([inside]) == [.data(inside)])
+        let text = FrameEncoder.encode(.lcdText(line: 0, text: lost + Array(" ".utf8) + connected)) + servo
+        for chunks in splits(text) {
+            #expect(StreamRig.sort(chunks) == [.data(text)], "\(chunks)")
+        }
         let nearMiss = Array("OK+CONX".utf8)
-        #expect(sort([nearMiss]) == [.data(nearMiss)])
-        #expect(sort([Array("OK+".utf8), [0x02, 1, 2, 3, 4]]) == [.data(Array("OK+".utf8) + [0x02, 1, 2, 3, 4])])
+        #expect(StreamRig.sort([nearMiss]) == [.data(nearMiss)])
+        #expect(StreamRig.sort([Array("OK+".utf8), servo]) == [.data(Array("OK+".utf8) + servo)])
+    }
+
+    @Test("A central's last write ending in part of a notice does not hide the OK+LOST after it",
+          arguments: ["O", "OK", "OK+", "OK+L", "OK+LO", "OK+LOS", "OK+C", "OK+CO", "OK+CON", "OKO", "OK+LOOK"])
+    func restartsWhereTheMatchBroke(prefix: String) {
+        let central = servo + Array(prefix.utf8)
+        for chunks in splits(central + lost) {
+            #expect(StreamRig.sort([connected] + chunks) == [.connected, .data(central), .lost], "\(chunks)")
+        }
+    }
+
+    @Test("Part of a notice is held only while the line is busy: released as data just after the hold, on injected time")
+    func heldPartReleased() {
+        var rig = StreamRig()
+        rig.feed(connected + servo + Array("OK+".utf8))
+        #expect(rig.events == [.connected, .data(servo)], "OK+ is held")
+        let deadline = rig.stream.deadline
+        #expect(deadline == rig.now + HM10Stream.defaultHold)
+        rig.wait(HM10Stream.defaultHold)
+        #expect(rig.events == [.connected, .data(servo)], "not a moment early")
+        rig.wait(.nanoseconds(1))
+        #expect(rig.events == [.connected, .data(servo + Array("OK+".utf8))])
+        #expect(rig.stream.deadline == nil)
+        // What comes later is the central's: LOST alone is no notice.
+        rig.feed(Array("LOST".utf8))
+        #expect(rig.events == [.connected, .data(servo + Array("OK+LOST".utf8))])
+    }
+
+    @Test("A central that leaves inside a frame: the OK+LOST after its partial frame counts once the line is quiet, or with the next OK+CONN")
+    func lostInsideAFrame() {
+        // LCD_TEXT declaring 18 bytes, 3 sent: the rest never comes.
+        let partial: [UInt8] = [0x04, 0x12, 0x00] + Array("ABC".utf8)
+        for chunks in splits(partial + lost) {
+            #expect(StreamRig.sort([connected] + chunks) == [.connected, .data(partial), .lost], "\(chunks)")
+        }
+        for chunks in splits(partial + lost + connected + servo) {
+            #expect(StreamRig.sort([connected] + chunks) == [.connected, .data(partial), .lost, .connected, .data(servo)], "\(chunks)")
+        }
+        // A whole notice, then the start of another that never comes: the
+        // line was not quiet after the first, so it is the central's text.
+        var unfinished = StreamRig()
+        unfinished.feed(connected + partial + lost + Array("O".utf8))
+        unfinished.wait(.seconds(1))
+        #expect(unfinished.events == [.connected, .data(partial + lost + Array("O".utf8))])
+        // The same letters with the frame going on: the central's text.
+        var rig = StreamRig()
+        rig.feed(connected + partial + lost)
+        #expect(rig.events == [.connected, .data(partial)])
+        rig.feed(Array(" and more, and the end".utf8) + [0x00], after: HM10Stream.defaultHold / 2)
+        rig.wait(.seconds(1))
+        #expect(rig.events == [.connected, .data(partial + lost + Array(" and more, and the end".utf8) + [0x00])])
     }
 }
 
@@ -111,6 +207,65 @@ struct SerialTransportTests {
         rig.module.lose()
         #expect(eventually { (try? rig.board.servo().failsafe)?.hasPrefix("central left: serial") == true })
         #expect(rig.serialState().contains("no central"))
+    }
+
+    @Test("OK+LOST after a central's last write that ends in O, OK or OK+: the failsafe engages and the ESC on channel 4 stops",
+          arguments: ["O", "OK", "OK+"])
+    func lostAfterNoticePrefix(suffix: String) throws {
+        let rig = try SerialBoard()
+        #expect(eventually { rig.serialState().contains("HM-10 set up, no central") }, "\(rig.serialState())")
+        rig.module.connect()
+        #expect(eventually { rig.serialState().contains("central connected") })
+        // PWM_VAL 500 on the ESC: half a 20 ms frame, clamped to full throttle.
+        rig.module.centralWrites(FrameEncoder.encode(.enable(channel: 4, on: true)) + FrameEncoder.encode(.pwm(channel: 4, value: 500)) + Array(suffix.utf8))
+        #expect(eventually { rig.board.duty(4) > 0 }, "channel 4 never ran")
+        rig.module.lose()
+        #expect(eventually { (try? rig.board.servo().failsafe)?.contains("last central disconnected") == true },
+                "OK+LOST after \(suffix) was not seen: \(rig.serialState())")
+        #expect(eventually { rig.board.duty(4) == 0 }, "channel 4 still at duty \(rig.board.duty(4))")
+        #expect(rig.serialState().contains("no central"))
+    }
+
+    @Test("A central's O that never becomes a notice reaches its session: an O alone is answered ERROR 4F once it expires")
+    func heldPrefixReleased() throws {
+        let rig = try SerialBoard()
+        #expect(eventually { rig.serialState().contains("HM-10 set up, no central") }, "\(rig.serialState())")
+        rig.module.connect()
+        #expect(eventually { rig.serialState().contains("central connected") })
+        // 0x4F is no command: held as a possible OK+LOST, released as data,
+        // then discarded as a partial frame by the idle timeout, with ERROR.
+        rig.module.centralWrites(Array("O".utf8))
+        #expect(rig.module.takeReplies(count: 3) == [0xFF, 0x01, 0x4F], "the O was held for ever")
+        #expect(rig.serialState().contains("central connected"))
+    }
+
+    @Test("A central that floods bad frames faster than the line takes their ERRORs: replies beyond a second of the line are dropped, the port and the session stay")
+    func repliesBeyondTheLine() throws {
+        let rig = try SerialBoard()
+        #expect(eventually { rig.serialState().contains("HM-10 set up, no central") }, "\(rig.serialState())")
+        rig.module.connect()
+        #expect(eventually { rig.serialState().contains("central connected") })
+        rig.module.pauseReading()
+        // 1 MB of unknown commands: 1.5 MB of ERROR, more than the
+        // pseudo-terminal and any bound of the board's hold.
+        let flood = [UInt8](repeating: 0, count: 1_000_000).enumerated().map { $0.offset % 2 == 0 ? UInt8(0x09) : 0x00 }
+        rig.module.centralWrites(flood)
+        #expect(eventually(timeout: .seconds(120)) { ((try? rig.board.runtime.status().counters.errors) ?? 0) >= flood.count / 2 },
+                "the board stopped taking the flood: \(rig.serialState())")
+        rig.module.resumeReading()
+        // Once the line has caught up, a new bad frame is answered again
+        // (asked until it is: one asked while a second is still queued is
+        // dropped like the flood's).
+        var replies: [UInt8] = []
+        #expect(eventually {
+            rig.module.centralWrites([0x0A, 0x00])
+            replies += rig.module.takeReplies(count: 1, timeout: .milliseconds(50))
+            return replies.suffix(3) == [0xFF, 0x01, 0x0A]
+        }, "no answer to a new frame: \(replies.count) bytes of replies, the last \(replies.suffix(6))")
+        // A second of the line (960 bytes) and the pseudo-terminal's own buffer.
+        #expect(replies.count < 100_000, "\(replies.count) bytes of replies were kept for a 9600-baud line")
+        #expect(rig.serialState().contains("central connected"), "\(rig.serialState())")
+        #expect(try rig.board.servo().failsafe == nil)
     }
 
     @Test("A module that does not answer AT: said in status; the first data opens the session and frames still work")

@@ -10,9 +10,11 @@ Checked: what the emulated board did (`blecontrol status --json`), every
 byte Chromium wrote and its write type (a D-Bus monitor, see monitor.py)
 against the page's own log and against docs/protocol.md, the ERROR
 notification for a switch the board lacks, coalescing of a slider burst,
-no script errors, and which origins get Web Bluetooth (file://, an
-insecure http:// host, the same host once trusted). Screenshots go to the
-shots directory, at phone and desktop widths.
+no script errors, which origins get Web Bluetooth (file://, an
+insecure http:// host, the same host once trusted), and that a page from
+another site cannot drive the board through its TCP port (a fetch POST
+with frames in its body). Screenshots go to the shots directory, at phone
+and desktop widths.
 
 Usage: page_test.py URL SHOTS_DIR MONITOR_FILE WEB_DIR PROFILE_DIR LOG TLS_PORT
 Environment: BLECONTROL_BIN, BLECONTROL_SOCKET, DBUS_SYSTEM_BUS_ADDRESS,
@@ -25,8 +27,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
+import http.server
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
@@ -491,6 +495,56 @@ def origins(browser, page):
     check(opened is True, "…and Connect opens the chooser there", opened)
 
 
+class BlankPage(http.server.BaseHTTPRequestHandler):
+    """Another site's page, without the control page's Content-Security-
+    Policy (which would stop a fetch to another origin itself)."""
+
+    def do_GET(self):  # noqa: N802 - the handler's protocol
+        body = b"<!doctype html><title>elsewhere</title>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *arguments):
+        pass
+
+
+def web_page_on_tcp(page):
+    """What a web page can do to the board's TCP transport (docs/protocol.md,
+    "TCP"): a cross-site fetch POST whose body holds frames behind NUL
+    padding (a decoder that took the headers for frames would be back in
+    step after the NULs) is closed at its first bytes: no session, nothing
+    decoded. The page is served from loopback, as a page on the local
+    network or a local development server is (for a page from the Internet
+    Chromium's Local Network Access asks the user first; other browsers do
+    not)."""
+    before = status()
+    port = int(before["transports"]["tcp"].rsplit(":", 1)[1])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BlankPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page.navigate("http://insecure.test:%d/" % server.server_address[1])
+        # ANALOG_OUT_EN 0 on, SERVO_VAL 0 = 1000 (2000 µs), after 300 NULs.
+        outcome = page.eval("""(async () => {
+            const body = new Uint8Array([...new Array(300).fill(0), 1, 2, 0, 1, 2, 3, 0, 3, 0xE8]);
+            const request = fetch('http://127.0.0.1:%d/blecontrol', {method: 'POST', mode: 'no-cors', body})
+                .then(() => 'answered', error => 'failed: ' + error.message);
+            // A hang guard: a board that kept the connection never settles it.
+            const guard = new Promise(resolve => setTimeout(() => resolve('still open after 20 s'), 20000));
+            return await Promise.race([request, guard]);
+        })()""" % port)
+    finally:
+        server.shutdown()
+    # Chromium gives up on a connection that answers no HTTP either way:
+    # this only says the request was made and is over.
+    check(str(outcome).startswith("failed"), "a web page's cross-site fetch POST to the TCP port, frames in its body: made, and over (a network error)", outcome)
+    after = status()
+    changed = [(key, before["counters"][key], after["counters"][key]) for key in ("frames", "sessions_total") if before["counters"][key] != after["counters"][key]]
+    check(not changed, "…and the board decoded nothing of it: no session, no frame", changed)
+
+
 def main():
     try:
         browser, page = launch()
@@ -510,6 +564,7 @@ def main():
         found = problems(browser)
         check(not found, "no script errors, failed loads or CSP violations while the page ran", found)
         origins(browser, page)
+        web_page_on_tcp(page)
     except Exception as error:  # noqa: BLE001
         check(False, "the browser session ran to the end", repr(error))
         browser.pump()

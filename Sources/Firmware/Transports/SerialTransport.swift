@@ -4,63 +4,6 @@ import Logging
 import Reactor
 import SystemPackage
 
-/// What arrives from an HM-10 in transparent mode, sorted into the central's
-/// data and the module's own connection notices (`OK+CONN`, `OK+LOST`,
-/// sent with AT+NOTI1 on).
-///
-/// A notice is recognised only where a frame may start (the session has no
-/// partial frame): `O` (0x4F) is no command, so there a frame never begins
-/// with it, while inside a frame (an LCD text saying "OK+LOST") the same
-/// bytes are the central's data and stay so. A possible notice is held back
-/// until it is complete or cannot be one any more; then its bytes are data.
-struct HM10Stream {
-    enum Event: Equatable {
-        case data([UInt8])
-        case connected
-        case lost
-    }
-
-    static let connectedNotice = Array("OK+CONN".utf8)
-    static let lostNotice = Array("OK+LOST".utf8)
-
-    /// The bytes of a notice being matched.
-    private(set) var pending: [UInt8] = []
-
-    /// Sorts `bytes`, calling `emit` in stream order. `atFrameBoundary` is
-    /// asked, after every data event before it has been handled, whether a
-    /// frame may start here.
-    mutating func feed<C: Collection>(_ bytes: C, atFrameBoundary: () -> Bool, emit: (Event) -> Void) where C.Element == UInt8 {
-        var run: [UInt8] = []
-        for byte in bytes {
-            if !pending.isEmpty {
-                pending.append(byte)
-                if pending == Self.connectedNotice || pending == Self.lostNotice {
-                    emit(pending == Self.connectedNotice ? .connected : .lost)
-                    pending.removeAll()
-                } else if !(Self.connectedNotice.starts(with: pending) || Self.lostNotice.starts(with: pending)) {
-                    run += pending
-                    pending.removeAll()
-                }
-                continue
-            }
-            if byte == Self.connectedNotice[0] {
-                // The session must have seen every byte before this one to
-                // say whether a frame may start here.
-                if !run.isEmpty {
-                    emit(.data(run))
-                    run.removeAll()
-                }
-                if atFrameBoundary() {
-                    pending = [byte]
-                    continue
-                }
-            }
-            run.append(byte)
-        }
-        if !run.isEmpty { emit(.data(run)) }
-    }
-}
-
 /// BLEControl frames through an HM-10 BLE module on a UART, as the original
 /// board had them: the module is the peripheral (FFE0/FFE1), the UART
 /// carries FFE1's bytes both ways. At start the module is set up with AT
@@ -79,11 +22,16 @@ public final class SerialTransport: @unchecked Sendable {
     private var connection: StreamConnection?
     private var session: Session?
     private var stream = HM10Stream()
+    /// Releases what `stream` holds once the line has been quiet.
+    private var holdTimer: LoopToken?
     private var setup: Setup?
     private var retryTimer: LoopToken?
     private var stopped = false
     private var lastOpenError: String?
     private var moduleAnswered: Bool?
+    /// Replies dropped because the line was a second behind.
+    public private(set) var droppedReplies = 0
+    private var droppedReplyLog = LogThrottle()
     /// Called with a one-line state for status whenever it changes.
     public var onState: (String) -> Void = { _ in }
 
@@ -120,6 +68,7 @@ public final class SerialTransport: @unchecked Sendable {
         stopped = true
         if let timer = retryTimer { loop.cancel(timer) }
         retryTimer = nil
+        cancelHoldTimer()
         if let timer = setup?.timer { loop.cancel(timer) }
         setup = nil
         endSession(reason: nil)
@@ -146,6 +95,8 @@ public final class SerialTransport: @unchecked Sendable {
             return
         }
         lastOpenError = nil
+        // Bytes held from a device that went away are not this one's.
+        stream = HM10Stream()
         let connection = StreamConnection(fd: FileDescriptor(rawValue: fd), loop: loop)
         self.connection = connection
         connection.onData = { [weak self] bytes in self?.received(bytes) }
@@ -230,26 +181,76 @@ public final class SerialTransport: @unchecked Sendable {
     }
 
     private func dispatch(_ bytes: ArraySlice<UInt8>) {
-        stream.feed(bytes, atFrameBoundary: { [self] in !(session?.hasPartialFrame ?? false) }) { event in
-            switch event {
-            case .connected:
-                if session == nil { openSession(reason: "OK+CONN") }
-            case .lost:
-                endSession(reason: "OK+LOST")
-            case .data(let data):
-                // Data without a notice: the module does not notify, or the
-                // central was there before we started. It is a central.
-                if session == nil { openSession(reason: "data") }
-                if let session { hub.receive(data, for: session) }
-            }
+        stream.feed(bytes, at: loop.now, atFrameBoundary: { [self] in !(session?.hasPartialFrame ?? false) }) { [self] event in handle(event) }
+        armHoldTimer()
+    }
+
+    private func handle(_ event: HM10Stream.Event) {
+        switch event {
+        case .connected:
+            if session == nil { openSession(reason: "OK+CONN") }
+        case .lost:
+            endSession(reason: "OK+LOST")
+        case .data(let data):
+            // Data without a notice: the module does not notify, or the
+            // central was there before we started. It is a central.
+            if session == nil { openSession(reason: "data") }
+            if let session { hub.receive(data, for: session) }
         }
     }
 
+    /// A timer for what `stream` holds. A new byte only moves the deadline
+    /// later, so a timer already armed is kept and re-armed when it fires.
+    private func armHoldTimer() {
+        guard holdTimer == nil, let deadline = stream.deadline else { return }
+        holdTimer = loop.schedule(at: deadline + .nanoseconds(1)) { [weak self] in
+            // Timers run before the loop reads its descriptors: a loop that
+            // woke late would judge the line quiet with the rest of a notice
+            // waiting unread in the tty. The hop lets this round's reads in
+            // first.
+            self?.loop.execute { [weak self] in self?.releaseHeld() }
+        }
+    }
+
+    private func releaseHeld() {
+        holdTimer = nil
+        guard connection != nil else { return }
+        stream.expire(at: loop.now) { [self] event in handle(event) }
+        armHoldTimer()
+    }
+
+    private func cancelHoldTimer() {
+        if let timer = holdTimer { loop.cancel(timer) }
+        holdTimer = nil
+    }
+
     private func openSession(reason: String) {
-        session = hub.open(transport: .serial, peer: "HM-10 on \(configuration.device)") { [weak self] bytes in self?.connection?.send(bytes) }
+        session = hub.open(transport: .serial, peer: "HM-10 on \(configuration.device)") { [weak self] bytes in self?.reply(bytes) }
         logger.info("serial: central connected (\(reason))")
         publishState()
     }
+
+    /// Sends a reply to the central, unless a second of the line's time is
+    /// queued already: the UART (no flow control) drains at the baud rate
+    /// whatever comes, and a central that sends bad frames at the line rate
+    /// draws one and a half times as many bytes of ERROR. Queueing them all
+    /// would delay every reply without end and, at the connection's bound,
+    /// close the port under the central; a dropped ERROR is a notification
+    /// lost, as BLE may lose one.
+    private func reply(_ bytes: [UInt8]) {
+        guard let connection else { return }
+        guard connection.queuedBytes + bytes.count <= replyBacklog else {
+            droppedReplies += 1
+            if let more = droppedReplyLog.admit(at: loop.now) {
+                logger.warning("serial: a reply to the central dropped: a second of \(where_) is queued already\(more)")
+            }
+            return
+        }
+        connection.send(bytes)
+    }
+
+    /// A second of the line (10 bits a byte, 8N1): 960 bytes at 9600 baud.
+    private var replyBacklog: Int { configuration.baud / 10 }
 
     private func endSession(reason: String?) {
         guard let session else { return }
@@ -262,6 +263,7 @@ public final class SerialTransport: @unchecked Sendable {
     private func lost(reason: String?) {
         connection = nil
         setup = nil
+        cancelHoldTimer()
         endSession(reason: "the device went away")
         guard !stopped else { return }
         logger.error("serial: \(where_) closed\(reason.map { ": \($0)" } ?? ""); trying again every \(Self.retryInterval)")

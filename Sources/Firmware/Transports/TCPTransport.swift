@@ -1,3 +1,5 @@
+import BLEControlProtocol
+import Control
 import Logging
 import Reactor
 import SystemPackage
@@ -5,6 +7,15 @@ import SystemPackage
 /// BLEControl frames over TCP: each connection is a session; ERROR replies
 /// and other notifications go back on the same connection. Loopback by
 /// default (board file), for the simulator, tests and LAN tools.
+///
+/// A connection becomes a session only once its first two bytes are the
+/// head of a frame a central sends: a command 0…6 and a length valid for
+/// it. Anything else is closed before a byte of it is decoded. That keeps
+/// out every client that is not speaking BLEControl, and above all a web
+/// page: a browser opens a connection only to send its own first bytes (an
+/// HTTP request line, whose method is letters; TLS's handshake record,
+/// 0x16; WebSocket's GET), so a page can never make a connection whose
+/// first byte is 0…6, whatever path, headers or body it chooses.
 public final class TCPTransport: @unchecked Sendable {
     // Loop-confined: used only on the event loop (other threads hop with
     // `loop.execute`), checked by the loop.
@@ -13,9 +24,25 @@ public final class TCPTransport: @unchecked Sendable {
     private let logger: Logger
     private let maxConnections: Int
     private var listener: Listener?
-    private var connections: [ObjectIdentifier: (StreamConnection, Session)] = [:]
+    private var connections: [ObjectIdentifier: Peer] = [:]
+    private var rejections = LogThrottle()
+    /// The most reply bytes kept for a peer that does not read them before
+    /// it is dropped. A central's replies are 3-byte ERRORs, and the kernel's
+    /// socket buffer (up to 4 MiB) takes them first: this is only what a
+    /// peer that sends bad frames and never reads makes the board keep, once
+    /// for each of its `maxConnections`.
+    static let maxQueuedReplies = 64 << 10
     /// The port actually bound (differs from the configured one when that is 0).
     public private(set) var port: UInt16?
+
+    private struct Peer {
+        let connection: StreamConnection
+        let address: String
+        /// Nil until the first two bytes have shown a central.
+        var session: Session?
+        /// The first byte, while the second has not come.
+        var head: [UInt8] = []
+    }
 
     /// - Parameter maxConnections: connections open at once; more are
     ///   accepted and closed at once (counted), so a flood of clients cannot
@@ -31,6 +58,9 @@ public final class TCPTransport: @unchecked Sendable {
     /// of running out of descriptors.
     public var statistics: Listener.Statistics { listener?.statistics ?? Listener.Statistics() }
 
+    /// Connections closed because their first bytes were not a frame.
+    public private(set) var rejectedConnections = 0
+
     /// Binds and starts accepting (on the loop).
     public func start(host: String, port: UInt16) throws {
         let fd = try Sockets.listenTCP(host: host, port: port)
@@ -45,31 +75,61 @@ public final class TCPTransport: @unchecked Sendable {
     public func stop() {
         listener?.stop()
         listener = nil
-        for (connection, _) in connections.values { connection.close() }
+        for peer in connections.values { peer.connection.close() }
         connections.removeAll()
     }
 
-    private func accepted(_ fd: FileDescriptor, peer: String) {
-        let connection = StreamConnection(fd: fd, loop: loop)
-        let session = hub.open(transport: .tcp, peer: peer) { [weak connection] bytes in connection?.send(bytes) }
+    /// Whether a stream whose first two bytes are `code` and `length` is a
+    /// central's: a command a central sends, with a length valid for it.
+    static func startsFrame(code: UInt8, length: UInt8) -> Bool {
+        guard let command = Command(rawValue: code), command != .error else { return false }
+        return command.validLengths.contains(length)
+    }
+
+    private func accepted(_ fd: FileDescriptor, peer address: String) {
+        let connection = StreamConnection(fd: fd, loop: loop, maxQueued: Self.maxQueuedReplies)
         let key = ObjectIdentifier(connection)
-        connections[key] = (connection, session)
+        connections[key] = Peer(connection: connection, address: address)
         listener?.openConnections = connections.count
-        connection.onData = { [weak self, weak session] bytes in
-            guard let self, let session else { return }
-            self.hub.receive(bytes, for: session)
-        }
+        connection.onData = { [weak self] bytes in self?.received(bytes, from: key) }
         connection.onClose = { [weak self] reason in
-            guard let self, let entry = self.connections.removeValue(forKey: key) else { return }
+            guard let self, let peer = self.connections.removeValue(forKey: key) else { return }
             self.listener?.openConnections = self.connections.count
-            if let reason { self.logger.notice("TCP \(peer) dropped: \(reason)") }
-            self.hub.close(entry.1)
+            if let reason { self.logger.notice("TCP \(address) dropped: \(reason)") }
+            if let session = peer.session { self.hub.close(session) }
         }
         do {
             try connection.start()
         } catch {
-            logger.warning("TCP \(peer): \(error)")
+            logger.warning("TCP \(address): \(error)")
             connection.close()
         }
+    }
+
+    private func received(_ bytes: ArraySlice<UInt8>, from key: ObjectIdentifier) {
+        guard var peer = connections[key] else { return }
+        if let session = peer.session { return hub.receive(bytes, for: session) }
+        // The first bytes, a few more than the two that decide, for the log.
+        let start = peer.head + bytes.prefix(8 - peer.head.count)
+        guard start.count >= 2 else {
+            peer.head = start
+            connections[key] = peer
+            return
+        }
+        guard Self.startsFrame(code: start[0], length: start[1]) else { return reject(peer, start: start) }
+        let session = hub.open(transport: .tcp, peer: peer.address) { [weak connection = peer.connection] bytes in connection?.send(bytes) }
+        peer.session = session
+        let held = peer.head
+        peer.head = []
+        connections[key] = peer
+        hub.receive(held + bytes, for: session)
+    }
+
+    private func reject(_ peer: Peer, start: [UInt8]) {
+        rejectedConnections += 1
+        if let more = rejections.admit(at: loop.now) {
+            logger.notice("TCP \(peer.address): not a BLEControl central (first bytes \(ControlProtocol.hex(start))); closed\(more)")
+        }
+        peer.connection.close()
     }
 }
