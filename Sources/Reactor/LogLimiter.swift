@@ -21,6 +21,12 @@ public final class LogLimiter: @unchecked Sendable {
     /// reached in practice; it bounds the table if a caller keys by input.
     public static let maximumKeys = 1024
 
+    /// " (N more since the last such line)" for a line that follows N held
+    /// back, "" for none.
+    public static func more(_ heldBack: Int) -> String {
+        heldBack == 0 ? "" : " (\(heldBack) more since the last such line)"
+    }
+
     public init(burst: Int = 10, window: Duration = .seconds(60)) {
         self.burst = burst
         self.window = window

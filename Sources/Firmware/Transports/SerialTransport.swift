@@ -31,7 +31,8 @@ public final class SerialTransport: @unchecked Sendable {
     private var moduleAnswered: Bool?
     /// Replies dropped because the line was a second behind.
     public private(set) var droppedReplies = 0
-    private var droppedReplyLog = LogThrottle()
+    /// One line per 10 s for replies dropped (a peer can make it happen at will).
+    private let droppedReplyLog = LogLimiter(burst: 1, window: .seconds(10))
     /// Called with a one-line state for status whenever it changes.
     public var onState: (String) -> Void = { _ in }
 
@@ -241,8 +242,8 @@ public final class SerialTransport: @unchecked Sendable {
         guard let connection else { return }
         guard connection.queuedBytes + bytes.count <= replyBacklog else {
             droppedReplies += 1
-            if let more = droppedReplyLog.admit(at: loop.now) {
-                logger.warning("serial: a reply to the central dropped: a second of \(where_) is queued already\(more)")
+            if case .log(let heldBack) = droppedReplyLog.admit("", at: loop.now) {
+                logger.warning("serial: a reply to the central dropped: a second of \(where_) is queued already\(LogLimiter.more(heldBack))")
             }
             return
         }

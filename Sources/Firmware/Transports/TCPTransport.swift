@@ -25,7 +25,8 @@ public final class TCPTransport: @unchecked Sendable {
     private let maxConnections: Int
     private var listener: Listener?
     private var connections: [ObjectIdentifier: Peer] = [:]
-    private var rejections = LogThrottle()
+    /// One line per 10 s for refused connections (a peer can make them at will).
+    private let rejections = LogLimiter(burst: 1, window: .seconds(10))
     /// The most reply bytes kept for a peer that does not read them before
     /// it is dropped. A central's replies are 3-byte ERRORs, and the kernel's
     /// socket buffer (up to 4 MiB) takes them first: this is only what a
@@ -127,8 +128,8 @@ public final class TCPTransport: @unchecked Sendable {
 
     private func reject(_ peer: Peer, start: [UInt8]) {
         rejectedConnections += 1
-        if let more = rejections.admit(at: loop.now) {
-            logger.notice("TCP \(peer.address): not a BLEControl central (first bytes \(ControlProtocol.hex(start))); closed\(more)")
+        if case .log(let heldBack) = rejections.admit("", at: loop.now) {
+            logger.notice("TCP \(peer.address): not a BLEControl central (first bytes \(ControlProtocol.hex(start))); closed\(LogLimiter.more(heldBack))")
         }
         peer.connection.close()
     }
