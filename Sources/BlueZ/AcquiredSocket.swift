@@ -43,18 +43,35 @@ final class AcquiredSocket: @unchecked Sendable {
 
     /// Starts reading: `received` gets each datagram in order, then `ended` once.
     func start(received: @escaping ([UInt8]) -> Void, ended: @escaping () -> Void) throws {
-        token = try loop.register(fd, interest: .readable) { [weak self] readiness in
-            guard let self, self.open else { return }
-            let count = self.buffer.withUnsafeMutableBytes { recv(self.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-            if count > 0 {
-                received(Array(self.buffer[0..<count]))
-            } else if count < 0, errno == EAGAIN || errno == EINTR {
-                return
-            } else {
-                self.close()
-                ended()
-            }
+        self.received = received
+        self.ended = ended
+        token = try loop.register(fd, interest: .readable) { [weak self] _ in self?.readOne() }
+    }
+
+    private var received: (([UInt8]) -> Void)?
+    private var ended: (() -> Void)?
+
+    /// Reads one datagram; false when there was none (or the socket ended).
+    @discardableResult
+    private func readOne() -> Bool {
+        guard open else { return false }
+        let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if count > 0 {
+            received?(Array(buffer[0..<count]))
+            return true
+        } else if count < 0, errno == EAGAIN || errno == EINTR {
+            return false
         }
+        close()
+        ended?()
+        return false
+    }
+
+    /// Delivers every datagram already queued, now, in order (the socket
+    /// stays open): BlueZ acquired again and the new socket's datagrams
+    /// must not overtake these. Bounded by what the socket buffer holds.
+    func drainQueued() {
+        while readOne() {}
     }
 
     /// Sends one datagram without blocking; false when the socket is gone

@@ -239,6 +239,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var centrals: Set<String> = []
     /// AcquireWrite sockets by central.
     private var writeSockets: [String: AcquiredSocket] = [:]
+    /// Write sockets a new acquisition replaced, read until BlueZ closes them.
+    private var replacedWriteSockets: [ObjectIdentifier: AcquiredSocket] = [:]
     /// AcquireNotify sockets by central.
     private var notifySockets: [String: AcquiredSocket] = [:]
     private var statistics = Statistics()
@@ -849,7 +851,16 @@ public final class BLEPeripheral: @unchecked Sendable {
             let name = notify ? "NotifyAcquired" : "WriteAcquired"
             let wasAcquired = notify ? !self.notifySockets.isEmpty : !self.writeSockets.isEmpty
             let old = notify ? self.notifySockets.updateValue(socket, forKey: central) : self.writeSockets.updateValue(socket, forKey: central)
-            old?.close()
+            if let old, !notify {
+                // What BlueZ wrote to the old socket is still the central's
+                // (BlueZoo acquires again when it has not yet seen
+                // WriteAcquired change): delivered first, in order, and the
+                // socket kept until BlueZ closes its end.
+                old.drainQueued()
+                self.replacedWriteSockets[ObjectIdentifier(old)] = old
+            } else {
+                old?.close()
+            }
             do {
                 try socket.start(received: { [weak self, weak socket] bytes in
                     // BlueZ writes nothing into a notify socket (indications only confirm there).
@@ -880,6 +891,7 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// BlueZ closed its end: the acquisition ends, not the session — that
     /// ends on Device1 Connected=false.
     private func acquiredEnded(_ socket: AcquiredSocket, notify: Bool) {
+        if replacedWriteSockets.removeValue(forKey: ObjectIdentifier(socket)) != nil { return }
         var sockets = notify ? notifySockets : writeSockets
         guard sockets[socket.central] === socket else { return }
         sockets[socket.central] = nil
@@ -892,6 +904,10 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     /// Closes the sockets of `central` (nil: all), releasing the acquisitions.
     private func closeAcquired(for central: String?) {
+        for (key, socket) in replacedWriteSockets where central == nil || socket.central == central {
+            socket.close()
+            replacedWriteSockets[key] = nil
+        }
         for (key, socket) in writeSockets where central == nil || key == central {
             socket.close()
             writeSockets[key] = nil
