@@ -104,6 +104,10 @@ struct Registration: Sendable {
     private var aliasApplied = false
     /// Completed registrations (status).
     private(set) var registrations = 0
+    /// Failed attempts to reach the system bus in a row: each waits twice
+    /// as long as the one before (2 s up to a minute), so a machine with no
+    /// system bus does not wake the daemon every 2 s for ever (issue #29).
+    private var busFailures = 0
     /// Between `.readvertise` and the new advertisement's registration:
     /// still on the air as far as anyone outside can tell.
     private(set) var readvertising = false
@@ -125,11 +129,14 @@ struct Registration: Sendable {
         case .busConnected:
             guard phase == .connectingBus else { return [] }
             phase = .waitingForBlueZ
+            busFailures = 0
             return [.report("no BlueZ on the system bus (waiting for bluetoothd): BLE off, TCP still serving")]
         case .busConnectFailed(let reason):
             guard phase == .connectingBus else { return [] }
             generation += 1
-            return [.report("no BlueZ on the system bus (\(reason)): BLE off, TCP still serving"), .retry(after: .seconds(2), generation: generation)]
+            let wait = Duration.seconds(min(2 << min(busFailures, 5), 60))
+            busFailures += 1
+            return [.report("no BlueZ on the system bus (\(reason)): BLE off, TCP still serving"), .retry(after: wait, generation: generation)]
         case .busLost:
             guard phase != .stopped else { return [] }
             forget()

@@ -4,6 +4,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -61,6 +65,65 @@ void creactor_set_thread_name(const char *name) {
     cut[sizeof cut - 1] = 0;
     pthread_setname_np(pthread_self(), cut);
 }
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CREACTOR_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CREACTOR_SANITIZED 1
+#endif
+
+int creactor_thread_create(pthread_t *thread, size_t stack_size, int detached, void *(*body)(void *), void *argument) {
+#ifdef CREACTOR_SANITIZED
+    stack_size *= 4;
+#endif
+    long minimum = sysconf(_SC_THREAD_STACK_MIN);
+    if (minimum > 0 && stack_size < (size_t)minimum) stack_size = (size_t)minimum;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) stack_size = (stack_size + (size_t)page - 1) / (size_t)page * (size_t)page;
+    pthread_attr_t attributes;
+    int status = pthread_attr_init(&attributes);
+    if (status != 0) return status;
+    status = pthread_attr_setstacksize(&attributes, stack_size);
+    if (status == 0 && detached) status = pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    if (status == 0) status = pthread_create(thread, &attributes, body, argument);
+    pthread_attr_destroy(&attributes);
+    return status;
+}
+
+int creactor_current_stack(void **base, size_t *size) {
+    pthread_attr_t attributes;
+    int status = pthread_getattr_np(pthread_self(), &attributes);
+    if (status != 0) return status;
+    status = pthread_attr_getstack(&attributes, base, size);
+    pthread_attr_destroy(&attributes);
+    return status;
+}
+
+int creactor_configure_malloc(int arena_max, int trim_threshold, int mmap_threshold) {
+#ifdef __GLIBC__
+    int ok = mallopt(M_ARENA_MAX, arena_max) == 1;
+    ok &= mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1;
+    ok &= mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1;
+    return ok;
+#else
+    (void)arena_max; (void)trim_threshold; (void)mmap_threshold;
+    return 0;
+#endif
+}
+
+// Headers older than glibc 2.24 lack it; 4 on every architecture we build for.
+#ifndef MCL_ONFAULT
+#define MCL_ONFAULT 4
+#endif
+
+int creactor_lock_all(int on_fault) {
+    return mlockall(MCL_CURRENT | MCL_FUTURE | (on_fault ? MCL_ONFAULT : 0));
+}
+
+int creactor_lock_range(void *base, size_t size) { return mlock(base, size); }
 
 int creactor_open_pty(char *name, size_t length) {
     int fd = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);

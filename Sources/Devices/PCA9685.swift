@@ -249,6 +249,15 @@ public final class PCA9685: @unchecked Sendable {
         return transactions
     }
 
+    /// Forgets what the chip holds, as if a write had failed: the next
+    /// ``flush()`` writes every channel's image again. Rewriting the same
+    /// registers changes no output; the servo path's warm-up uses it to run
+    /// the write path once before it serves.
+    public func forgetChipState() {
+        guard started else { return }
+        for index in chip.indices { chip[index] = nil }
+    }
+
     /// Switches every output off at once (ALL_LED_OFF_H full OFF, §7.3.4),
     /// without sleeping the chip (sleep would cut a pulse short). Staged
     /// values and enables are kept: a later ``flush()`` writes them again.

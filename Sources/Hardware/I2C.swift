@@ -103,3 +103,16 @@ extension I2CBus {
         return replies.first ?? []
     }
 }
+
+/// A bus that takes every write and answers every read with zeros: a
+/// driver's code runs in full and nothing reaches a chip (the servo path's
+/// warm-up, benchmarks of a driver's own cost).
+public final class DiscardingI2CBus: I2CBus, Sendable {
+    public init() {}
+    public var maxWriteLength: Int? { nil }
+    public func transfer(_ messages: [I2CMessage], at address: I2CAddress) throws -> [[UInt8]] {
+        var replies: [[UInt8]] = []
+        for case .read(let count) in messages { replies.append([UInt8](repeating: 0, count: count)) }
+        return replies
+    }
+}

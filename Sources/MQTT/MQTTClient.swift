@@ -266,9 +266,15 @@ public final class MQTTClient: @unchecked Sendable {
     }
 
     /// Keepalive pings and their timeout (loop_misc), and TLS records left
-    /// in OpenSSL's buffer, four times a second.
+    /// in OpenSSL's buffer, four times a second. Without TLS only the
+    /// keepalive needs the tick, and it may wait: libmosquitto pings once
+    /// nothing went either way for `keepalive` seconds, and the broker
+    /// gives up at 1.5 times that, so the tick has leeway up to a quarter
+    /// of the keepalive and rides on the loop's other wake-ups (an idle
+    /// board's LED) instead of waking it four times a second (issue #29).
     private func scheduleTick() {
-        tick = loop.schedule(after: .milliseconds(250)) { [weak self] in
+        let leeway = endpoint.caFile == nil ? Duration.milliseconds(max(endpoint.keepalive * 250 - 250, 0)) : .zero
+        tick = loop.schedule(after: .milliseconds(250), leeway: leeway) { [weak self] in
             guard let self else { return }
             self.tick = nil
             if self.socket != nil {

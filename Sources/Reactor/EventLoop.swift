@@ -78,7 +78,14 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
     private let epollFD: CInt
     private let wakeFD: CInt
     private let queueLock = Lock()
-    private var queued: [@Sendable () -> Void] = []
+    /// Work from `execute`, and the batch the loop runs (swapped, so that
+    /// neither is reallocated once both have grown: `execute` from the
+    /// servo thread allocates nothing). Each closure sits in a `Job`: an
+    /// array of bare closures would wrap each one on the way in (a
+    /// reabstraction thunk, 32 bytes of heap per call).
+    private var queued: [Job] = []
+    private var running: [Job] = []
+    private struct Job { let work: @Sendable () -> Void }
     private var stopRequested = false
     private let loopThread = Atomic<UInt>(0)
     private var thread: OSThread?
@@ -89,13 +96,34 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
     private var descriptors: [CInt: [UInt64]] = [:]
     private var armed: [CInt: UInt32] = [:]
     private var timers = TimerHeap()
+    /// Timers with leeway (``schedule(at:leeway:_:)``): few, so a dictionary.
+    private var lenient: [UInt64: (deadline: ContinuousClock.Instant, latest: ContinuousClock.Instant, work: () -> Void)] = [:]
     private var nextID: UInt64 = 0
+    private let stackSize: Int
     /// epoll_wait returns: the loop thread's wake-ups, for the idle benchmark.
     public private(set) var wakeups: UInt64 = 0
 
+    /// The stack of a loop's thread. Measured (issue #29) as the resident
+    /// part of each thread's 8 MiB default stack after the daemon served
+    /// everything a board does for a minute (the demo app's traffic at 500
+    /// frames/s, LCD text, bad frames, status requests, MQTT messages,
+    /// reloads that restart BLE): the I/O loop's high-water mark was 32 KiB
+    /// in a release build and 36 KiB in a debug one, thread-local storage
+    /// included; the D-Bus loop's 20 KiB. The deepest input the loops parse
+    /// is bounded (JSON 64 levels, the board file's YAML 32, D-Bus 64), and
+    /// ReactorTests parses each at its limit on a thread of this size.
+    /// 256 KiB: seven times the worst measured.
+    public static let stackSize = 256 * 1024
+
     /// - Parameter name: the thread's name (15 bytes show in `ps -L`).
-    public init(name: String) throws {
+    /// - Parameter stackSize: its stack, in bytes (``OSThread``).
+    public init(name: String, stackSize: Int = EventLoop.stackSize) throws {
         self.name = name
+        self.stackSize = stackSize
+        // Room for a burst from the start: a thread that calls `execute`
+        // (the servo thread) does not grow the queue itself.
+        queued.reserveCapacity(64)
+        running.reserveCapacity(64)
         epollFD = creactor_epoll_create()
         guard epollFD >= 0 else { throw Failure(call: "epoll_create1", errno: errno) }
         wakeFD = creactor_eventfd()
@@ -129,7 +157,7 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
 
     /// Starts the loop on a thread of its own.
     public func start() {
-        let thread = OSThread(name: name)
+        let thread = OSThread(name: name, stackSize: stackSize)
         self.thread = thread
         thread.start { [self] in run() }
     }
@@ -146,7 +174,7 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
     }
 
     public func execute(_ work: @escaping @Sendable () -> Void) {
-        queueLock.withLock { queued.append(work) }
+        queueLock.withLock { queued.append(Job(work: work)) }
         wake()
     }
 
@@ -168,9 +196,33 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
         return LoopToken(nextID)
     }
 
+    /// Runs `work` on the loop at the first turn at or after `deadline`,
+    /// and the loop sleeps past `deadline` for up to `leeway` waiting for
+    /// another reason to wake (a descriptor, an `execute`, a timer without
+    /// leeway): housekeeping that can wait rides on the wake-ups the loop
+    /// makes anyway, instead of adding its own. An idle board's loop wakes
+    /// for its LED's pattern; a status check or a keepalive tick due
+    /// meanwhile runs then (issue #29). For a few such timers: each turn
+    /// looks at all of them. Cancel it with ``cancel(_:)`` (call on the loop).
+    @discardableResult
+    public func schedule(at deadline: ContinuousClock.Instant, leeway: Duration, _ work: @escaping () -> Void) -> LoopToken {
+        guard leeway > .zero else { return schedule(at: deadline, work) }
+        assertInLoop()
+        nextID += 1
+        lenient[nextID] = (deadline, deadline + leeway, work)
+        return LoopToken(nextID)
+    }
+
+    /// ``schedule(at:leeway:_:)`` after `delay`.
+    @discardableResult
+    public func schedule(after delay: Duration, leeway: Duration, _ work: @escaping () -> Void) -> LoopToken {
+        schedule(at: now + delay, leeway: leeway, work)
+    }
+
     public func cancel(_ token: LoopToken) {
         assertInLoop()
         timers.cancel(id: token.id)
+        lenient.removeValue(forKey: token.id)
     }
 
     /// Watches `fd`; `handler` runs on the loop with what it is ready for.
@@ -213,7 +265,7 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
     /// Number of live registrations and timers (status, tests).
     public var load: (registrations: Int, timers: Int) {
         assertInLoop()
-        return (registrations.count, timers.count)
+        return (registrations.count, timers.count + lenient.count)
     }
 
     // MARK: Internals
@@ -259,11 +311,9 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
         defer { loopThread.store(0, ordering: .releasing) }
         var events = [creactor_event](repeating: creactor_event(), count: 64)
         while true {
-            let work = queueLock.withLock { () -> [@Sendable () -> Void] in
-                defer { queued.removeAll(keepingCapacity: true) }
-                return queued
-            }
-            for item in work { item() }
+            queueLock.withLock { swap(&queued, &running) }
+            for job in running { job.work() }
+            running.removeAll(keepingCapacity: true)
             runDueTimers()
             if queueLock.withLock({ stopRequested && queued.isEmpty }) { break }
 
@@ -298,10 +348,19 @@ public final class EventLoop: Scheduler, @unchecked Sendable {
     private func runDueTimers() {
         let now = ContinuousClock.now
         while let work = timers.popDue(at: now) { work() }
+        // Allocation-free unless one is due: this runs every turn.
+        guard lenient.values.contains(where: { $0.deadline <= now }) else { return }
+        let due = lenient.filter { $0.value.deadline <= now }.sorted { ($0.value.deadline, $0.key) < ($1.value.deadline, $1.key) }
+        for (id, _) in due {
+            // An earlier one may have cancelled it.
+            lenient.removeValue(forKey: id)?.work()
+        }
     }
 
     private func timeoutMilliseconds() -> Int32 {
-        guard let next = timers.nextDeadline() else { return -1 }
+        var wake = timers.nextDeadline()
+        for timer in lenient.values where wake.map({ timer.latest < $0 }) ?? true { wake = timer.latest }
+        guard let next = wake else { return -1 }
         let remaining = ContinuousClock.now.duration(to: next).nanoseconds
         if remaining <= 0 { return 0 }
         // Round up so a timer never fires early and spins the loop.

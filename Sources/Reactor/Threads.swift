@@ -5,17 +5,32 @@ import Musl
 #endif
 import CReactor
 
-/// A joinable OS thread with a name (visible in `ps -L` and `top -H`).
+/// A joinable OS thread with a name (visible in `ps -L` and `top -H`) and
+/// a stack of an explicit size.
 ///
 /// The daemon's threads are few and long-lived: the I/O loop, the D-Bus
 /// loop, the servo thread and the LCD thread. Each is a plain pthread so
 /// its scheduling (SCHED_FIFO for the servo thread) is the kernel's, with no
 /// runtime in between.
+///
+/// Without a size, glibc gives every thread a stack as large as the stack
+/// rlimit (8 MiB on Debian): harmless while only the pages a thread touches
+/// are resident, but `mlockall` (a board's `realtime.lock_memory`) locks
+/// every page of every mapping, so each thread cost 8 MiB of RAM a Pi Zero
+/// 2 W does not have (issue #29). Every thread here states its size; the
+/// owners' constants (``EventLoop/stackSize``, the servo path's, the LCD
+/// service's) say what they measured.
 public final class OSThread: @unchecked Sendable {
     // `handle` is written once by `start` (before any other thread can see
     // this object through it) and read by `join` from the starting thread.
     private var handle: pthread_t?
     public let name: String
+    /// The stack size asked for, in bytes (see ``init(name:stackSize:)``).
+    public let stackSize: Int
+
+    /// The size threads get when their maker names none: tests' helper
+    /// threads. Four times the event loop's, which already has a wide margin.
+    public static let defaultStackSize = 1024 * 1024
 
     private final class Body {
         let name: String
@@ -26,21 +41,33 @@ public final class OSThread: @unchecked Sendable {
         }
     }
 
-    public init(name: String) { self.name = name }
+    /// - Parameter stackSize: bytes of stack, thread-local storage included.
+    ///   Raised to the system's minimum (PTHREAD_STACK_MIN: 16 KiB on
+    ///   x86_64, 128 KiB on aarch64) and to whole pages; multiplied by 4 in
+    ///   a build with AddressSanitizer or ThreadSanitizer, whose frames are
+    ///   several times larger (scripts/sanitize).
+    public init(name: String, stackSize: Int = OSThread.defaultStackSize) {
+        precondition(stackSize > 0, "thread \(name): a stack size must be positive")
+        self.name = name
+        self.stackSize = stackSize
+    }
 
-    /// Starts `body` on the new thread.
-    public func start(_ body: @escaping @Sendable () -> Void) {
+    /// Starts `body` on the new thread. A `detached` thread cleans up after
+    /// itself when `body` returns (``join()`` then does nothing): for a
+    /// thread nobody waits for, whose stack would otherwise stay mapped
+    /// until a join that never comes.
+    public func start(detached: Bool = false, _ body: @escaping @Sendable () -> Void) {
         precondition(handle == nil, "thread \(name) started twice")
         let context = Unmanaged.passRetained(Body(name: name, run: body)).toOpaque()
         var thread = pthread_t()
-        let status = pthread_create(&thread, nil, { raw in
+        let status = creactor_thread_create(&thread, stackSize, detached ? 1 : 0, { raw in
             let body = Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue()
             creactor_set_thread_name(body.name)
             body.run()
             return nil
         }, context)
         precondition(status == 0, "pthread_create \(name): \(String(cString: strerror(status)))")
-        handle = thread
+        if !detached { handle = thread }
     }
 
     /// Waits for the thread to finish (once; later calls return at once).
@@ -48,6 +75,16 @@ public final class OSThread: @unchecked Sendable {
         guard let thread = handle else { return }
         handle = nil
         pthread_join(thread, nil)
+    }
+
+    /// The calling thread's stack, as the C library set it up: its lowest
+    /// address and its size in bytes (nil for a thread whose stack the
+    /// library cannot tell).
+    public static var currentStack: (base: UnsafeMutableRawPointer, size: Int)? {
+        var base: UnsafeMutableRawPointer?
+        var size = 0
+        guard creactor_current_stack(&base, &size) == 0, let base else { return nil }
+        return (base, size)
     }
 }
 
@@ -63,11 +100,15 @@ public final class ServiceThread: @unchecked Sendable {
     private var thread: OSThread?
     private var stopping = false
 
+    private let stackSize: Int
+
+    /// - Parameter stackSize: the thread's stack, in bytes (``OSThread``).
     /// - Parameter priorityInheritance: the service's lock boosts a holder
     ///   to a waiter's priority (the servo path's lock, which the event loop
     ///   and the real-time servo thread share).
-    public init(name: String, priorityInheritance: Bool = false) {
+    public init(name: String, stackSize: Int, priorityInheritance: Bool = false) {
         self.name = name
+        self.stackSize = stackSize
         condition = Condition(priorityInheritance: priorityInheritance)
     }
 
@@ -76,7 +117,7 @@ public final class ServiceThread: @unchecked Sendable {
 
     /// Runs `body` on a new thread.
     public func start(_ body: @escaping @Sendable () -> Void) {
-        let thread = OSThread(name: name)
+        let thread = OSThread(name: name, stackSize: stackSize)
         self.thread = thread
         thread.start(body)
     }

@@ -23,7 +23,10 @@ final class DaemonProcess {
 
     /// - Parameter logLevel: the daemon's; what it logs goes to
     ///   `directory/daemon.log` (``logBytes()``).
-    init(binary: String, boardText: String? = nil, logLevel: String = "error") throws {
+    /// - Parameter environment: variables set for the daemon on top of
+    ///   this process's (`WATCHDOG_USEC`…); given `directory`, where the
+    ///   daemon's files will be.
+    init(binary: String, boardText: String? = nil, logLevel: String = "error", environment: ((String) -> [String: String])? = nil) throws {
         self.binary = binary
         directory = NSTemporaryDirectory() + "blecontrol-bench-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -36,6 +39,9 @@ final class DaemonProcess {
         }
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
+        if let environment {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment(directory)) { $1 }
+        }
         process.standardOutput = FileHandle.nullDevice
         FileManager.default.createFile(atPath: directory + "/daemon.log", contents: nil)
         process.standardError = FileHandle(forWritingAtPath: directory + "/daemon.log") ?? FileHandle.nullDevice

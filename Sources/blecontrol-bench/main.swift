@@ -300,22 +300,11 @@ func benchmarkSerial() throws {
 
 // MARK: Servo dispatch (issue #5)
 
-/// A bus that accepts everything instantly: what is left is the servo
-/// path's and the driver's own cost.
-final class NullBus: I2CBus, @unchecked Sendable {
-    var maxWriteLength: Int? { nil }
-    func transfer(_ messages: [I2CMessage], at address: I2CAddress) throws -> [[UInt8]] {
-        var replies: [[UInt8]] = []
-        for case .read(let count) in messages { replies.append([UInt8](repeating: 0, count: count)) }
-        return replies
-    }
-}
-
 func benchmarkAllocations() {
     var logger = Logger(label: "bench")
     logger.logLevel = .critical
     let configuration = try! BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
-    let driver = PCA9685(bus: NullBus(), configuration: PCA9685.Configuration(address: I2CAddress(0x40)!), logger: logger, sleep: { _ in })
+    let driver = PCA9685(bus: DiscardingI2CBus(), configuration: PCA9685.Configuration(address: I2CAddress(0x40)!), logger: logger, sleep: { _ in })
     var timing = ServoPath.Timing()
     timing.maxFlushesPerPeriod = 0
     let servo = ServoPath(driver: driver, channels: configuration.servo!.channels, timing: timing, logger: logger)
@@ -426,12 +415,29 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 //        blecontrol-bench soak DAEMON [SECONDS]
 //        blecontrol-bench flood DAEMON [MEGABYTES]
+//        blecontrol-bench memory DAEMON [SECONDS]
+//        blecontrol-bench idle DAEMON [SECONDS]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood", "memory", "idle"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
     exit(2)
+}
+if section == "memory" || section == "idle" {
+    // memory: the window after the warm-up (default 20 s); idle: the window per case (default 30 s).
+    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : (section == "memory" ? "20" : "30")), seconds > 0 else {
+        print("usage: blecontrol-bench \(section) DAEMON [SECONDS]")
+        exit(2)
+    }
+    signal(SIGPIPE, SIG_IGN)
+    do {
+        if section == "memory" { try benchmarkMemory(binary: arguments[1], seconds: seconds) } else { try benchmarkIdle(binary: arguments[1], seconds: seconds) }
+    } catch {
+        print("\(section) failed: \(error)")
+        exit(1)
+    }
+    exit(0)
 }
 if section == "soak" {
     guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0 else {

@@ -8,6 +8,10 @@ import Firmware
 import Logging
 import Reactor
 
+// First of all, before any thread exists: one malloc arena and fixed
+// thresholds, locked memory or not (ProcessMemory says why).
+ProcessMemory.configureAllocator()
+
 // Before anything else, and before any other thread exists: every signal
 // that would end the process is blocked in every thread and delivered
 // through a signalfd instead (Reactor's SignalSource). None can take its
@@ -104,9 +108,17 @@ let run = Command(
         print("\(configuration.sourcePath): OK (\(configuration.name))")
         return
     }
-    if configuration.lockMemory, mlockall(MCL_CURRENT | MCL_FUTURE) != 0 {
+    if configuration.lockMemory {
         // Page faults on the servo path would be latency nobody asked for.
-        logger.warning("lock_memory: mlockall failed (\(String(cString: strerror(errno)))); raise LimitMEMLOCK or run as root")
+        // Before any thread: their stacks are locked as they are touched.
+        switch ProcessMemory.lockAll() {
+        case .onFault:
+            break
+        case .whole:
+            logger.notice("lock_memory: this kernel has no MCL_ONFAULT (Linux 4.4+): every mapping locked whole")
+        case .failed(let reason):
+            logger.warning("lock_memory: mlockall failed (\(reason)); raise LimitMEMLOCK or run as root")
+        }
     }
 
     let socketPath = arguments.option("socket") ?? configuration.controlSocketPath

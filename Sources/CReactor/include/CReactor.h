@@ -42,6 +42,27 @@ int creactor_signalfd_read(int fd, int32_t *sender_pid);
 int creactor_sigrtmin(void);
 int creactor_sigrtmax(void);
 
+/// pthread_create with an explicit stack size (raised to PTHREAD_STACK_MIN
+/// and to whole pages; four times larger under a sanitizer) and, when
+/// `detached`, PTHREAD_CREATE_DETACHED. 0 or the pthread error.
+int creactor_thread_create(pthread_t *thread, size_t stack_size, int detached, void *(*body)(void *), void *argument);
+/// The calling thread's stack (pthread_getattr_np): its lowest address and
+/// size. 0 or the pthread error.
+int creactor_current_stack(void **base, size_t *size);
+
+/// glibc malloc's settings (mallopt): at most `arena_max` arenas, the top of
+/// the heap given back past `trim_threshold` bytes, blocks from
+/// `mmap_threshold` bytes in mappings of their own (fixed values also stop
+/// glibc raising either threshold on its own). Returns 1 when every setting
+/// took, 0 when one did not or the C library has no mallopt (musl).
+int creactor_configure_malloc(int arena_max, int trim_threshold, int mmap_threshold);
+/// mlockall(MCL_CURRENT | MCL_FUTURE), with MCL_ONFAULT when `on_fault`
+/// (Linux 4.4+): pages are locked as they are first touched instead of all
+/// being read in now. 0 or -1 (errno).
+int creactor_lock_all(int on_fault);
+/// mlock(2) of [base, base + size): every page made resident now and kept.
+int creactor_lock_range(void *base, size_t size);
+
 /// pthread_setname_np for the calling thread (names are cut to 15 bytes).
 void creactor_set_thread_name(const char *name);
 

@@ -31,7 +31,12 @@ public final class LCDService: @unchecked Sendable {
     private var tracker = ApplyTracker()
     private var online = false
     private var lastError: String?
-    private let worker = ServiceThread(name: "blecontrol-lcd")
+    private let worker = ServiceThread(name: "blecontrol-lcd", stackSize: LCDService.stackSize)
+    /// The LCD thread's stack. Measured (issue #29, as ``EventLoop/stackSize``
+    /// says how) while centrals rewrote the display: 24 KiB resident in a
+    /// release build, 36 KiB in a debug one, thread-local storage included.
+    /// 128 KiB: aarch64's minimum (PTHREAD_STACK_MIN), over three times that.
+    public static let stackSize = 128 * 1024
     private var condition: Condition { worker.condition }
     /// What the driver's image holds, as text (the driver is the LCD thread's).
     private var shownLines: [String]

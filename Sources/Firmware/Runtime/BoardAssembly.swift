@@ -196,7 +196,8 @@ struct BoardAssembly {
             }
             servo = ServoPath(
                 drivers: drivers, channels: servoConfiguration.channels, timing: timing,
-                realtime: configuration.realtimePriority > 0 ? ServoPath.Realtime(priority: configuration.realtimePriority) : nil,
+                realtime: configuration.realtimePriority > 0 || configuration.lockMemory
+                    ? ServoPath.Realtime(priority: configuration.realtimePriority, lockedMemory: configuration.lockMemory) : nil,
                 outputEnable: outputEnable, logger: logger
             )
             var seen = Set<String>()

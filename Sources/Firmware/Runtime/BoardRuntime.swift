@@ -208,10 +208,17 @@ public final class BoardRuntime: @unchecked Sendable {
             engage: { reason in servo.engageFailsafe(reason: reason) }
         )
         self.watch = watch
-        servo.onBusy = { [weak self] since in
+        // Built once: the servo thread hands the loop this same closure at
+        // each report, and allocates nothing (a closure capturing `since`
+        // would be a heap allocation on the real-time path at every report,
+        // through the one malloc arena the event loop uses too: issue #29).
+        // The loop reads the transfer's start back from the servo path.
+        let reportBusy: @Sendable () -> Void = { [weak self] in
             guard let self else { return }
-            self.loop.execute { self.watch?.servoBusy(since: since) }
+            let now = self.loop.now
+            self.watch?.servoBusy(since: now - (servo.busyFor(at: now) ?? .zero))
         }
+        servo.onBusy = { [loop] _ in loop.execute(reportBusy) }
         hub.onFrame = { watch.frameArrived() }
         hub.onCentralInControl = { [unowned self] _ in
             guard let cleared = servo.clearFailsafe() else { return }
@@ -263,10 +270,7 @@ public final class BoardRuntime: @unchecked Sendable {
     }
 
     private func ledPattern() -> StatusLED.Pattern {
-        if let servo = parts.servo {
-            let snapshot = servo.snapshot()
-            if !snapshot.online || snapshot.failsafe != nil { return .fastBlink }
-        }
+        if parts.servo?.offlineOrInFailsafe == true { return .fastBlink }
         return hub.centralCount > 0 ? .heartbeat : .slowBlink
     }
 

@@ -130,7 +130,10 @@ extension BoardRuntime {
             // Off the loop: stopping the peripheral waits for its D-Bus loop.
             let ble = self.ble
             let configuration = new
-            OSThread(name: "blecontrol-reload").start { [self] in
+            // Detached: nobody joins it, and a joinable thread's stack stays
+            // mapped until a join (it did: one stack per BLE reload, issue #29).
+            // It does what the D-Bus loop's callers do: a loop's stack.
+            OSThread(name: "blecontrol-reload", stackSize: EventLoop.stackSize).start(detached: true) { [self] in
                 ble.stop()
                 if configuration.ble.enabled {
                     do {

@@ -45,8 +45,7 @@ struct StatusAssembler {
                 online: snapshot.online, error: snapshot.lastError, frequencyHz: ((parts.servoFrequencies.first?.value ?? 0) * 100).rounded() / 100,
                 updates: metrics.updates, coalesced: metrics.coalesced, flushes: metrics.flushes,
                 busWrites: metrics.busTransactions, failedFlushes: metrics.failedFlushes,
-                latencyP50Us: metrics.latency.percentile(0.5), latencyP99Us: metrics.latency.percentile(0.99),
-                latencyMaxUs: metrics.latency.count > 0 ? metrics.latency.maximumMicroseconds : nil,
+                latencyP50Us: snapshot.latency.p50, latencyP99Us: snapshot.latency.p99, latencyMaxUs: snapshot.latency.maximum,
                 deadlineMisses: metrics.deadlineMisses, failsafe: snapshot.failsafe?.reason,
                 failsafeSeconds: snapshot.failsafe.map { ($0.since.duration(to: now).inSeconds * 10).rounded() / 10 },
                 failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { ($0.inSeconds * 10_000).rounded() / 10 },
@@ -101,7 +100,7 @@ struct StatusAssembler {
         guard let servo = parts.servo else {
             return PollReport(frames: dispatcher.counters.frames, pulsesUs: [], failsafe: nil, busWrites: 0)
         }
-        let snapshot = servo.snapshot()
+        let snapshot = servo.snapshot(latency: false)
         return PollReport(
             frames: dispatcher.counters.frames,
             pulsesUs: snapshot.channels.map { (produced($0, parts: parts).pulse * 10).rounded() / 10 },

@@ -33,6 +33,24 @@ public struct LatencyHistogram: Sendable {
 
     public mutating func reset() { self = LatencyHistogram() }
 
+    /// What status shows of it.
+    public struct Summary: Sendable, Equatable {
+        /// Microseconds; nil while nothing was recorded.
+        public var p50: Int?
+        public var p99: Int?
+        public var maximum: Int?
+        public init(p50: Int? = nil, p99: Int? = nil, maximum: Int? = nil) {
+            self.p50 = p50
+            self.p99 = p99
+            self.maximum = maximum
+        }
+    }
+
+    /// The median, the 99th percentile and the maximum.
+    public var summary: Summary {
+        Summary(p50: percentile(0.5), p99: percentile(0.99), maximum: count > 0 ? maximumMicroseconds : nil)
+    }
+
     private static func bucket(for micros: Int) -> Int {
         if micros < 1000 { return micros }
         if micros < 10_000 { return fine + (micros - 1000) / 10 }

@@ -51,6 +51,9 @@ struct ServoEngine {
     /// The channels taken by the last ``nextAction(at:)`` that said flush.
     private(set) var batch: [Staged] = []
     private(set) var metrics = ServoPath.Metrics()
+    /// Allocated here, on the thread that builds the engine, and never again
+    /// by the servo thread (``ServoPath/Snapshot/latency`` says why).
+    private(set) var latency = LatencyHistogram()
     private(set) var failsafe: ServoPath.Failsafe?
     private var flushTokens = 0.0
     private var tokensAt: ContinuousClock.Instant?
@@ -211,9 +214,9 @@ struct ServoEngine {
         metrics.busTransactions += transactions
         for item in batch {
             guard let received = item.receivedAt else { continue }
-            let latency = received.duration(to: now)
-            metrics.latency.record(latency)
-            if latency > timing.period { metrics.deadlineMisses += 1 }
+            let elapsed = received.duration(to: now)
+            latency.record(elapsed)
+            if elapsed > timing.period { metrics.deadlineMisses += 1 }
         }
         if let engaged = failsafe, engaged.appliedAfter == nil {
             failsafe?.appliedAfter = engaged.since.duration(to: now)
@@ -234,7 +237,10 @@ struct ServoEngine {
         }
     }
 
-    mutating func resetMetrics() { metrics = ServoPath.Metrics() }
+    mutating func resetMetrics() {
+        metrics = ServoPath.Metrics()
+        latency.reset()
+    }
 
     /// A reloaded board file: channels whose configuration is unchanged keep
     /// their state (enabled, value, latch) and nothing is written for them;

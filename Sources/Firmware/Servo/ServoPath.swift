@@ -62,7 +62,6 @@ public final class ServoPath: @unchecked Sendable {
         /// PWM period: they missed the period they could have made.
         public var deadlineMisses = 0
         public var failsafes = 0
-        public var latency = LatencyHistogram()
     }
 
     /// Everything status shows, taken under the lock at one instant.
@@ -72,6 +71,11 @@ public final class ServoPath: @unchecked Sendable {
         public var lastError: String?
         public var failsafe: Failsafe?
         public var metrics: Metrics
+        /// Receive → bus-write-complete latency: its percentiles, read under
+        /// the lock. A snapshot holds no reference to the servo thread's
+        /// histogram (92 KiB): if one did, the thread's next flush would copy
+        /// it (copy on write), allocating on the real-time path (issue #29).
+        public var latency: LatencyHistogram.Summary
         /// The servo thread's scheduling: "SCHED_FIFO 50" or why not.
         public var scheduling: String
     }
@@ -101,8 +105,24 @@ public final class ServoPath: @unchecked Sendable {
     public struct Realtime: Sendable, Equatable {
         /// SCHED_FIFO priority 1…99; 0 leaves the default scheduler.
         public var priority: Int32
-        public init(priority: Int32) { self.priority = priority }
+        /// The process locked its memory (`realtime.lock_memory`, locked
+        /// on fault: ``ProcessMemory``): the servo thread then locks its
+        /// whole stack and warms its code paths up before it serves, so
+        /// that serving never waits for a page.
+        public var lockedMemory: Bool
+        public init(priority: Int32, lockedMemory: Bool = false) {
+            self.priority = priority
+            self.lockedMemory = lockedMemory
+        }
     }
+
+    /// The servo thread's stack. Measured (issue #29, as ``EventLoop/stackSize``
+    /// says how) under 500 frames/s with failsafes: 24 KiB resident in a
+    /// release build, 32 KiB in a debug one, thread-local storage included.
+    /// With locked memory the whole of it is made resident at start
+    /// (``ProcessMemory/lockCurrentStack()``), so it is kept small: 128 KiB,
+    /// four times the worst measured, and aarch64's minimum (PTHREAD_STACK_MIN).
+    public static let stackSize = 128 * 1024
 
     private let drivers: [PCA9685]
     private let outputEnable: (any DigitalOutput)?
@@ -117,7 +137,7 @@ public final class ServoPath: @unchecked Sendable {
     private var busySince: ContinuousClock.Instant?
     private var busyReported = false
     private var scheduling = "default scheduler"
-    private let worker = ServiceThread(name: "blecontrol-servo", priorityInheritance: true)
+    private let worker = ServiceThread(name: "blecontrol-servo", stackSize: ServoPath.stackSize, priorityInheritance: true)
     private var condition: Condition { worker.condition }
     private var chipTouched: [Bool]
 
@@ -172,6 +192,7 @@ public final class ServoPath: @unchecked Sendable {
     public func start() {
         worker.start { [self] in
             applyRealtime()
+            if realtime?.lockedMemory == true { ProcessMemory.lockCurrentStack() }
             run()
         }
     }
@@ -263,16 +284,20 @@ public final class ServoPath: @unchecked Sendable {
         if !queued { callback(nil) }
     }
 
-    /// Everything status shows.
-    public func snapshot() -> Snapshot {
+    /// Everything status shows; without `latency`, its latency is left
+    /// empty (the percentiles cost a walk of the histogram under the lock).
+    public func snapshot(latency: Bool = true) -> Snapshot {
         condition.withLock {
-            Snapshot(channels: engine.snapshotChannels, online: online, lastError: lastError,
-                     failsafe: engine.failsafe, metrics: engine.metrics, scheduling: scheduling)
+            Snapshot(channels: engine.snapshotChannels, online: online, lastError: lastError, failsafe: engine.failsafe, metrics: engine.metrics,
+                     latency: latency ? engine.latency.summary : LatencyHistogram.Summary(), scheduling: scheduling)
         }
     }
 
     /// The failsafe reason, cheaply (poll requests).
     public var failsafeReason: String? { condition.withLock { engine.failsafe?.reason } }
+
+    /// Whether the chips are offline or the failsafe holds, cheaply (the LED).
+    public var offlineOrInFailsafe: Bool { condition.withLock { !online || engine.failsafe != nil } }
 
     /// How long the servo thread has been inside one bus transfer, if it is.
     public func busyFor(at now: ContinuousClock.Instant = .now) -> Duration? {
@@ -324,6 +349,7 @@ public final class ServoPath: @unchecked Sendable {
 
     private func run() {
         var nextHeartbeat = ContinuousClock.now
+        var warm = realtime?.lockedMemory != true
         while !condition.withLock({ worker.isStopping }) {
             if let heartbeat = timing.heartbeat, ContinuousClock.now >= nextHeartbeat {
                 onHeartbeat?()
@@ -334,8 +360,44 @@ public final class ServoPath: @unchecked Sendable {
                     waitBeforeRetry()
                     continue
                 }
+                if !warm {
+                    warmUp()
+                    warm = true
+                }
             }
             step(heartbeatDue: timing.heartbeat == nil ? nil : nextHeartbeat)
+        }
+    }
+
+    /// With locked memory, once the chips first answer: runs what serving
+    /// runs, before anything is served, so that each page it touches is
+    /// locked now (MCL_ONFAULT locks a page at its first touch; a code page
+    /// read from the SD card then would cost milliseconds on the servo
+    /// path). The chips' write path: every driver forgets what its chip
+    /// holds, so the first flush writes every output's all-off image again
+    /// (the same registers: no output changes). The failsafe path and the
+    /// drivers' arithmetic, on copies: a scratch copy of the engine takes
+    /// values on every channel, engages its failsafe, and its batch goes
+    /// through a scratch driver on a bus that goes nowhere.
+    private func warmUp() {
+        for driver in drivers { driver.forgetChipState() }
+        var scratch = condition.withLock { engine }
+        let now = ContinuousClock.now
+        for channel in scratch.configured {
+            _ = scratch.setEnabled(true, channel: channel, receivedAt: now)
+            _ = scratch.submit(.servo(500), channel: channel, receivedAt: now)
+        }
+        let sink = PCA9685(bus: DiscardingI2CBus(), configuration: PCA9685.Configuration(), logger: logger, sleep: { _ in })
+        try? sink.start()
+        for engage in [false, true] {
+            if engage { _ = scratch.engageFailsafe(reason: "warm-up", at: now) }
+            guard case .flush = scratch.nextAction(at: now) else { continue }
+            for item in scratch.batch {
+                if let value = item.value { sink.stage(value, channel: item.output) }
+                sink.setEnabled(item.enabled, channel: item.output)
+            }
+            let transactions = (try? sink.flush()) ?? 0
+            scratch.flushSucceeded(transactions: transactions, at: .now)
         }
     }
 
@@ -369,7 +431,8 @@ public final class ServoPath: @unchecked Sendable {
         let now = ContinuousClock.now
         switch engine.nextAction(at: now) {
         case .wait(let until):
-            let deadline = [until, heartbeatDue].compactMap { $0 }.min()
+            // The earlier of the two, without an array (no allocation here).
+            let deadline = until.map { due in heartbeatDue.map { min($0, due) } ?? due } ?? heartbeatDue
             if !worker.isStopping {
                 if let deadline { condition.wait(until: deadline) } else { condition.wait() }
             }
@@ -455,3 +518,4 @@ public final class ServoPath: @unchecked Sendable {
         }
     }
 }
+

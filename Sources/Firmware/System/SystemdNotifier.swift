@@ -56,13 +56,16 @@ public final class SystemdNotifier: Sendable {
     public var isActive: Bool { fd >= 0 }
 
     /// Sends `state` lines such as "READY=1" or "STATUS=…".
-    public func notify(_ state: String) {
+    /// - Parameter wait: block while systemd's socket is full; a ping does
+    ///   not (``watchdogPing(at:)``).
+    public func notify(_ state: String, wait: Bool = true) {
         guard fd >= 0 else { return }
         let bytes = Array(state.utf8)
         var address = self.address
+        let flags = Int32(MSG_NOSIGNAL) | (wait ? 0 : Int32(MSG_DONTWAIT))
         _ = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
-                bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL), sa, addressLength) }
+                bytes.withUnsafeBytes { sendto(fd, $0.baseAddress, $0.count, flags, sa, addressLength) }
             }
         }
     }
@@ -76,6 +79,9 @@ public final class SystemdNotifier: Sendable {
             last = now
             return true
         }
-        if due { notify("WATCHDOG=1") }
+        // From the servo thread, which must never block on a socket: a ping
+        // that does not fit now is dropped, and the next one (a quarter of
+        // the watchdog's timeout later) goes.
+        if due { notify("WATCHDOG=1", wait: false) }
     }
 }
