@@ -64,6 +64,8 @@ public final class MQTTClient: @unchecked Sendable {
     /// the same (one that ignores the CONNECT property): its topic and
     /// payload size. Its payload is never copied.
     public var onOversize: (String, Int) -> Void = { _, _ in }
+    /// SUBACK for the subscription with this message id (``subscribe``'s).
+    public var onSubscribed: (Int32) -> Void = { _ in }
     /// The Maximum Packet Size this client announced, if any.
     public let maximumPacketSize: UInt32?
 
@@ -125,6 +127,10 @@ public final class MQTTClient: @unchecked Sendable {
             guard let object else { return }
             Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().ended(code)
         }
+        api.pointee.subscribe_callback_set(client) { _, object, mid, _, _ in
+            guard let object else { return }
+            Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().onSubscribed(mid)
+        }
         api.pointee.message_callback_set(client) { _, object, message in
             guard let object, let message = message?.pointee, let topic = message.topic else { return }
             let this = Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue()
@@ -179,11 +185,16 @@ public final class MQTTClient: @unchecked Sendable {
         return code == 0
     }
 
-    public func subscribe(_ filter: String, qos: Int32 = 0, options: Int32 = 0) throws(MQTTError) {
+    /// Sends SUBSCRIBE; returns its message id (``onSubscribed`` says when
+    /// the broker has it: until then, messages on `filter` may pass by).
+    @discardableResult
+    public func subscribe(_ filter: String, qos: Int32 = 0, options: Int32 = 0) throws(MQTTError) -> Int32 {
         loop.assertInLoop()
-        let code = api.pointee.subscribe_v5(client, nil, filter, qos, options, nil)
+        var mid: Int32 = 0
+        let code = api.pointee.subscribe_v5(client, &mid, filter, qos, options, nil)
         guard code == 0 else { throw MQTTError("subscribing to \(filter): \(describe(code))") }
         watch()
+        return mid
     }
 
     /// A libmosquitto error or MQTT 5 reason code, in words.
