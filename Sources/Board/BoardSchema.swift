@@ -627,8 +627,10 @@ extension BoardReader {
             return nil
         }
         let name = text.trimmed
-        guard !name.isEmpty, name.count <= 40 else {
-            fail(node, field, "must be 1 to 40 characters")
+        // Characters as a person counts them, and bytes (a character may
+        // carry any number of combining marks).
+        guard !name.isEmpty, name.count <= 40, name.utf8.count <= 160 else {
+            fail(node, field, "must be 1 to 40 characters (at most 160 bytes)")
             return nil
         }
         guard !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) else {
