@@ -361,6 +361,8 @@ refused_admin() { # NAME VIA: VIA "unit" or "script"
     sync -f /boot/firmware/userconf.txt
     if [ "$2" = unit ]; then
         systemctl restart blecontrol-firstboot.service || { echo "blecontrol-firstboot.service failed"; return 1; }
+        # Its output reaches the journal through a stream: wait for it.
+        until_true 60 sh -c "journalctl -u blecontrol-firstboot.service --after-cursor='$at' -q -o cat | grep -q 'userconf.txt refused'"
         said=$(journalctl -u blecontrol-firstboot.service --after-cursor="$at" -q -o cat)
     else
         said=$(/usr/lib/blecontrol-image/firstboot administrator 2>&1) || { echo "firstboot administrator failed: $said"; return 1; }
