@@ -156,9 +156,9 @@ public final class MQTTClient: @unchecked Sendable {
     /// `onDisconnect`.
     public func connect() throws(MQTTError) {
         loop.assertInLoop()
-        let code = connectCalled
+        let code = noted(connectCalled
             ? api.pointee.reconnect_async(client)
-            : api.pointee.connect_async(client, endpoint.host, Int32(endpoint.port), Int32(endpoint.keepalive))
+            : api.pointee.connect_async(client, endpoint.host, Int32(endpoint.port), Int32(endpoint.keepalive)))
         connectCalled = true
         guard code == 0 else { throw MQTTError("cannot connect to \(endpoint.description): \(describe(code))") }
         watch()
@@ -197,9 +197,19 @@ public final class MQTTClient: @unchecked Sendable {
         return mid
     }
 
+    /// errno when libmosquitto last said MOSQ_ERR_ERRNO: read at once, as
+    /// any later call (the close that follows, say) may change errno.
+    private var lastErrno: Int32 = 0
+
+    /// Remembers errno if `code` says the answer is in it.
+    private func noted(_ code: Int32) -> Int32 {
+        if code == Int32(BC_MOSQ_ERR_ERRNO) { lastErrno = errno }
+        return code
+    }
+
     /// A libmosquitto error or MQTT 5 reason code, in words.
     public func describe(_ code: Int32) -> String {
-        if code == Int32(BC_MOSQ_ERR_ERRNO) { return String(cString: strerror(errno)) }
+        if code == Int32(BC_MOSQ_ERR_ERRNO) { return lastErrno == 0 ? "a system error" : String(cString: strerror(lastErrno)) }
         return api.pointee.strerror(code).map { String(cString: $0) } ?? "error \(code)"
     }
 
@@ -236,6 +246,7 @@ public final class MQTTClient: @unchecked Sendable {
 
     /// The connection is over: said once, however libmosquitto ended it.
     private func ended(_ code: Int32) {
+        _ = noted(code)
         guard socket != nil else { return }
         unwatch()
         onDisconnect(code)
@@ -243,7 +254,7 @@ public final class MQTTClient: @unchecked Sendable {
 
     private func ready(_ readiness: EventLoop.Readiness) {
         var code: Int32 = 0
-        if readiness.contains(.writable) { code = api.pointee.loop_write(client, 1) }
+        if readiness.contains(.writable) { code = noted(api.pointee.loop_write(client, 1)) }
         if code == 0, readiness.contains(.readable) || readiness.contains(.closed) { code = drain() }
         // libmosquitto 2.0.11 returns a failed TLS handshake from
         // loop_read without its disconnect callback: the connection is
@@ -263,7 +274,7 @@ public final class MQTTClient: @unchecked Sendable {
         for _ in 0..<Self.readBatch {
             let fd = api.pointee.socket(client)
             guard fd >= 0 else { return 0 }
-            let code = api.pointee.loop_read(client, 1)
+            let code = noted(api.pointee.loop_read(client, 1))
             if code != 0 { return code }
             // The rest waits for the next wakeup, after the loop's other
             // descriptors (with TLS, for the next tick).
