@@ -63,15 +63,15 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             threads: held.threads, logBytes: daemon.logBytes()
         ))
     }
-    var reloads = 0, reconnects = 0, frames = 0, value = 0
+    var reloads = 0, reconnects = 0
+    var traffic = DemoAppTraffic()
     var nextReload = reloadEvery, nextReconnect = reconnectEvery, nextSample = 0.0
     // One control connection for the whole run: a quiet moment's count of
     // descriptors then holds exactly it, never a status request's
     // connection the daemon has not closed yet.
     let control = try ControlLine(path: daemon.socket)
     var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.port)
-    var enable: [UInt8] = []
-    for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
+    let enable = DemoAppTraffic.enable
     try central?.send(enable)
     while elapsed() < seconds {
         let now = elapsed()
@@ -102,17 +102,7 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             rename(boardPath + ".new", boardPath)
             kill(daemon.pid, SIGHUP)
         }
-        // 20 Hz: four servos, as a thumb moves the sliders; now and then a
-        // switch and an LCD line.
-        var bytes: [UInt8] = []
-        value = (value + 7) % 1001
-        for channel in 0..<4 { FrameEncoder.encode(.servo(channel: UInt8(channel), value: UInt16((value + channel * 250) % 1001)), into: &bytes) }
-        frames += 4
-        if frames % 160 == 0 {
-            FrameEncoder.encode(.switchValue(index: 0, on: frames % 320 == 0), into: &bytes)
-            FrameEncoder.encode(.lcdText(line: 0, text: Array("t=\(Int(now)) s".utf8)), into: &bytes)
-            frames += 2
-        }
+        let bytes = traffic.next(at: now)
         do {
             try central?.send(bytes)
         } catch {
@@ -121,8 +111,9 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             central = try LoopbackTCPClient(port: daemon.port)
             try central?.send(enable)
         }
-        usleep(50_000)
+        usleep(DemoAppTraffic.period)
     }
+    let frames = traffic.frames
     central = nil
     sample()
     daemon.stop()
@@ -152,4 +143,34 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
         return false
     }
     return true
+}
+
+/// The original demo app's traffic as a thumb makes it: 20 writes a second,
+/// four servos swept together; now and then a switch and an LCD line.
+struct DemoAppTraffic {
+    /// Microseconds between writes.
+    static let period: UInt32 = 50_000
+    private(set) var frames = 0
+    private var value = 0
+
+    /// ANALOG_OUT_EN for the four servo channels, as the app sends on connect.
+    static var enable: [UInt8] {
+        var bytes: [UInt8] = []
+        for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &bytes) }
+        return bytes
+    }
+
+    /// The next write, `now` seconds into the run.
+    mutating func next(at now: Double) -> [UInt8] {
+        var bytes: [UInt8] = []
+        value = (value + 7) % 1001
+        for channel in 0..<4 { FrameEncoder.encode(.servo(channel: UInt8(channel), value: UInt16((value + channel * 250) % 1001)), into: &bytes) }
+        frames += 4
+        if frames % 160 == 0 {
+            FrameEncoder.encode(.switchValue(index: 0, on: frames % 320 == 0), into: &bytes)
+            FrameEncoder.encode(.lcdText(line: 0, text: Array("t=\(Int(now)) s".utf8)), into: &bytes)
+            frames += 2
+        }
+        return bytes
+    }
 }

@@ -37,6 +37,8 @@ public final class MQTTTransport: @unchecked Sendable {
     private var pendingSubscriptions: Set<Int32> = []
     private var lastStatus: [UInt8]?
     private var lastStatusAt: ContinuousClock.Instant?
+    /// What `…/failsafe` says now (published when it changes).
+    private var lastFailsafe: String?
     /// Until when the status is looked at again (``statusMayHaveChanged()``).
     private var settleUntil: ContinuousClock.Instant?
     /// The board's channels (for `…/pulse/N/set`) and what discovery says of the hardware.
@@ -371,7 +373,11 @@ public final class MQTTTransport: @unchecked Sendable {
         settleUntil = now + settleWindow
         guard let bytes = try? JSONEncoderLite().encode(status) else { return }
         client.publish(topics.status, bytes, retain: true)
-        client.publish(topics.failsafe, Array((status.servo?.failsafe == nil ? "OFF" : "ON").utf8), retain: true)
+        let failsafe = status.servo?.failsafe == nil ? "OFF" : "ON"
+        if force || failsafe != lastFailsafe {
+            client.publish(topics.failsafe, Array(failsafe.utf8), retain: true)
+            lastFailsafe = failsafe
+        }
     }
 
     /// What a user sees in a status: the outputs, the display, the failsafe,
