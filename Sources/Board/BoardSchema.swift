@@ -623,8 +623,7 @@ struct ChipOutput: Hashable, CustomStringConvertible {
 
 extension BoardReader {
     /// A name for an output (`name:` of a channel or switch, an entry of
-    /// `lcd.line_names`): 1 to 40 characters, none of them a control
-    /// character (it is shown in Home Assistant, status lines and logs).
+    /// `lcd.line_names`), fit by ``OutputName``'s rule.
     fileprivate func outputName(_ fields: Fields, _ key: String, field: String) -> String? {
         guard let node = fields.entries[key] else { return nil }
         return outputName(node, field: field)
@@ -636,14 +635,8 @@ extension BoardReader {
             return nil
         }
         let name = text.trimmed
-        // Characters as a person counts them, and bytes (a character may
-        // carry any number of combining marks).
-        guard !name.isEmpty, name.count <= 40, name.utf8.count <= 160 else {
-            fail(node, field, "must be 1 to 40 characters (at most 160 bytes)")
-            return nil
-        }
-        guard !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) else {
-            fail(node, field, "must not contain control characters")
+        if let fault = OutputName.fault(name) {
+            fail(node, field, fault)
             return nil
         }
         return name

@@ -66,6 +66,10 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
     var reloads = 0, reconnects = 0
     var traffic = DemoAppTraffic()
     var nextReload = reloadEvery, nextReconnect = reconnectEvery, nextSample = 0.0
+    // A long run says where it stands every ten minutes, so a run cut short
+    // (a machine's session ending) still leaves its slopes behind.
+    let reportEvery = 600.0
+    var nextReport = reportEvery
     // One control connection for the whole run: a quiet moment's count of
     // descriptors then holds exactly it, never a status request's
     // connection the daemon has not closed yet.
@@ -78,6 +82,15 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
         if now >= nextSample {
             sample()
             nextSample += 1
+        }
+        if now >= nextReport {
+            nextReport += reportEvery
+            let settled = samples.filter { $0.at >= min(seconds / 10, 3600) }
+            let slope = slopePerHour(settled.map(\.at), settled.map { Double($0.rss) })
+            let last = samples[samples.count - 1]
+            print(String(format: "soak: at %5.0f s: resident %d kB, %d descriptors, %d threads, log %d B; resident slope since settling %+.1f kB/h",
+                         now, last.rss, last.descriptors, last.threads, last.logBytes, slope))
+            fflush(nil)
         }
         if now >= nextReconnect {
             // Quiet: the central gone, and the daemon has seen it go.
@@ -118,13 +131,20 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
     sample()
     daemon.stop()
 
-    // The first tenth is the daemon settling (allocator arenas, lazy state).
-    let settled = samples.filter { $0.at >= seconds / 10 }
+    // The first tenth is the daemon settling (allocator arenas, lazy state),
+    // at most an hour.
+    let settled = samples.filter { $0.at >= min(seconds / 10, 3600) }
     let times = settled.map(\.at)
     func slope(_ value: (SoakSample) -> Int) -> Double { slopePerHour(times, settled.map { Double(value($0)) }) }
     let first = settled.first ?? samples[0], last = samples[samples.count - 1]
     print("soak: \(frames) frames, \(reconnects) reconnections, \(reloads) reloads, \(samples.count) samples")
     print(String(format: "  resident memory  %6d kB -> %6d kB   slope %+.1f kB/h", first.rss, last.rss, slope(\.rss)))
+    if seconds >= 7200 {
+        // Issue #29: does memory still grow after the first hour?
+        let later = samples.filter { $0.at >= 3600 }
+        print(String(format: "  resident memory after the first hour: slope %+.1f kB/h over %.1f h",
+                     slopePerHour(later.map(\.at), later.map { Double($0.rss) }), (later.last?.at ?? 0) / 3600 - 1))
+    }
     print(String(format: "  descriptors      %6d    -> %6d      slope %+.2f /h", first.descriptors, last.descriptors, slope(\.descriptors)))
     print(String(format: "  threads          %6d    -> %6d      slope %+.2f /h", first.threads, last.threads, slope(\.threads)))
     let logPerHour = slope(\.logBytes)

@@ -17,18 +17,13 @@ import Reactor
 ///
 /// The daemon is trusted as far as its socket is (ControlClient checks who
 /// owns it); its names are still checked again here, because the page shows
-/// them: each is kept only if it is plain text of 1 to 40 characters and at
-/// most ``maximumNameBytes`` bytes (a character can be any number of
-/// combining marks), with no control, line-breaking or bidirectional
-/// formatting character; any other is left out and that output keeps its
-/// number. Only the numbers the protocol can address are kept (channels
-/// and switches 0–255, an HD44780's 4 lines), one name each, so the
-/// document is at most ``maximumBytes`` whatever the daemon sends.
+/// them by the rule the board file applies (``OutputName``): an unfit one is
+/// left out and that output keeps its number. Only the numbers the protocol
+/// can address are kept (channels and switches 0–255, an HD44780's 4
+/// lines), one name each, so the document is at most ``maximumBytes`` whatever the daemon sends.
 struct WebBoardNames {
     /// Where the page asks for it.
     static let path = "/board.json"
-    static let maximumNameCharacters = 40
-    static let maximumNameBytes = 160
     /// An HD44780 drives at most 4 lines (the board file's lcd.rows: 1, 2 or 4).
     static let maximumLines = 4
     /// 512 entries of at most 160 bytes each, a quote or backslash among
@@ -81,23 +76,10 @@ struct WebBoardNames {
         return found.sorted { $0.key < $1.key }.map { (number: $0.key, name: $0.value) }
     }
 
-    /// `name` if it is fit to show as a label, else nil.
+    /// `name` if it is fit to show as a label (``OutputName``), else nil.
     static func label(_ name: String?) -> String? {
-        // Bytes first: counting characters costs as much as the string is long.
-        guard let name, !name.isEmpty, name.utf8.count <= maximumNameBytes, name.count <= maximumNameCharacters,
-              name.contains(where: { !$0.isWhitespace }),
-              !name.unicodeScalars.contains(where: isUnfit) else { return nil }
+        guard let name, OutputName.fault(name) == nil else { return nil }
         return name
-    }
-
-    /// Control characters (C0, DEL, C1), line and paragraph separators, and
-    /// the bidirectional embeddings, overrides and isolates (which would
-    /// reorder the label around the name).
-    private static func isUnfit(_ scalar: Unicode.Scalar) -> Bool {
-        switch scalar.value {
-        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x202A...0x202E, 0x2066...0x2069: return true
-        default: return false
-        }
     }
 }
 

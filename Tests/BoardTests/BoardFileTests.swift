@@ -397,6 +397,24 @@ struct BoardFileTests {
         #expect(problems(minimal + "\ntransports:\n  tcp:\n    enabled: false\n    listen: \"\(listen)\"\n").isEmpty)
     }
 
+    @Test("Names for outputs: plain text of 1 to 40 characters and 160 bytes; controls, separators and bidirectional overrides refused with their line", arguments: [
+        ("steering", true), ("Lüfter ⚙", true), (#"'Arm "left" <b>&</b> \ end'"#, true), ("\"\(String(repeating: "x", count: 40))\"", true),
+        ("\"\(String(repeating: "x", count: 41))\"", false), ("\"e\(String(repeating: "\\u0301", count: 80))\"", false),
+        ("\"\\u202Eevil\"", false), ("\"bell\\x07\"", false), ("\"line\\u2028break\"", false), ("\"c1\\x85\"", false), ("\"   \"", false), ("\"\"", false),
+    ])
+    func outputNames(name: String, fit: Bool) throws {
+        let file = minimal + "\nservo:\n  channels:\n    - { channel: 0, output: 0, role: servo, name: \(name) }\nswitches:\n  - { switch: 0, emulated: true, name: \(name) }\nlcd:\n  bus: main\n  line_names: [\(name)]\n"
+        let refused = problems(file)
+        if fit {
+            #expect(refused.isEmpty, "\(refused)")
+            let board = try BoardFile.parse(file, path: "t.yaml")
+            #expect(board.servo?.channels.first?.name == board.switches.first?.name)
+        } else {
+            #expect(refused.map(\.field).sorted() == ["lcd.line_names[0]", "servo.channels[0].name", "switches[0].name"], "\(refused)")
+            #expect(refused.allSatisfy { ($0.line ?? 0) >= 7 })
+        }
+    }
+
     @Test("Thousands of mangled board files: each parses or is refused with located problems, never a crash")
     func mangled() throws {
         let original = EmbeddedBoards.simulator.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
