@@ -322,6 +322,19 @@ public struct TCPConfiguration: Sendable, Equatable {
         self.port = port
         self.maxConnections = maxConnections
     }
+
+    /// Whether `host` can only be reached from this machine: `localhost`, an
+    /// IPv4 address in 127.0.0.0/8 written as four decimal parts, or `::1`.
+    /// Anything else (a host name, `0.0.0.0`, a short form such as
+    /// `127.1` that getaddrinfo would also take) counts as the network.
+    public var isLoopback: Bool {
+        if host == "localhost" || host == "::1" || host == "0:0:0:0:0:0:0:1" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4, parts.allSatisfy({ (1...3).contains($0.utf8.count) && $0.utf8.allSatisfy { (0x30...0x39).contains($0) } && UInt8($0) != nil }) else {
+            return false
+        }
+        return parts[0] == "127"
+    }
 }
 
 /// The MQTT transport: the board as a client of a broker (docs/protocol.md,

@@ -507,12 +507,21 @@ extension BoardReader {
     }
 
     private func tcpTransport(_ fields: Fields?) -> TCPConfiguration? {
-        guard let tcpNode = fields?.entries["tcp"], let tcp = mapping(tcpNode, "transports.tcp", allowed: ["enabled", "listen", "max_connections"]) else { return nil }
+        guard let tcpNode = fields?.entries["tcp"],
+              let tcp = mapping(tcpNode, "transports.tcp", allowed: ["enabled", "listen", "allow_network", "max_connections"]) else { return nil }
         guard bool(tcp, "enabled", default: true) else { return nil }
         guard let listen = string(tcp, "listen", default: "127.0.0.1:7171") else { return nil }
         guard var endpoint = TCPConfiguration(endpoint: listen) else {
             fail(tcp.entries["listen"], "transports.tcp.listen", "\"\(listen)\" is not HOST:PORT (e.g. 127.0.0.1:7171 or [::1]:7171)")
             return nil
+        }
+        // Anything that connects can drive the outputs, and the unit no
+        // longer filters addresses (an MQTT broker may be anywhere): the
+        // daemon itself keeps the listener off the network unless the board
+        // file says so in as many words.
+        if !endpoint.isLoopback, !bool(tcp, "allow_network", default: false) {
+            fail(tcp.entries["listen"], "transports.tcp.listen",
+                 "\"\(listen)\" is not a loopback address (127.x.x.x, [::1] or localhost): anything that connects can drive the outputs; add allow_network: true to listen there")
         }
         // Each connection costs a descriptor and ~6 KB; the unit's
         // LimitNOFILE= leaves room for 4096.
@@ -614,8 +623,7 @@ struct ChipOutput: Hashable, CustomStringConvertible {
 
 extension BoardReader {
     /// A name for an output (`name:` of a channel or switch, an entry of
-    /// `lcd.line_names`): 1 to 40 characters, none of them a control
-    /// character (it is shown in Home Assistant, status lines and logs).
+    /// `lcd.line_names`), fit by ``OutputName``'s rule.
     fileprivate func outputName(_ fields: Fields, _ key: String, field: String) -> String? {
         guard let node = fields.entries[key] else { return nil }
         return outputName(node, field: field)
@@ -627,12 +635,8 @@ extension BoardReader {
             return nil
         }
         let name = text.trimmed
-        guard !name.isEmpty, name.count <= 40 else {
-            fail(node, field, "must be 1 to 40 characters")
-            return nil
-        }
-        guard !name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) else {
-            fail(node, field, "must not contain control characters")
+        if let fault = OutputName.fault(name) {
+            fail(node, field, fault)
             return nil
         }
         return name

@@ -50,6 +50,9 @@ servo:
   #   esc:   off (default) | pulse (neutral/arming pulse, then off after
   #          failsafe_dwell_ms)
   #   pwm:   off
+  # name (optional): what you call it (steering, throttle), shown by Home
+  # Assistant, `blecontrol status` and `watch`; switches take one too, and
+  # lcd.line_names names the display's lines.
   # The layout of the original BLEControl demo app: servo sliders on
   # channels 0-3, PWM sliders on 4-7 (board/rc-car.yaml has an ESC).
   channels:

@@ -46,6 +46,7 @@ static void load(void) {
     BIND(connect_callback_set, "mosquitto_connect_callback_set");
     BIND(disconnect_callback_set, "mosquitto_disconnect_callback_set");
     BIND(message_callback_set, "mosquitto_message_callback_set");
+    BIND(subscribe_callback_set, "mosquitto_subscribe_callback_set");
     BIND(strerror, "mosquitto_strerror");
     BIND(reason_string, "mosquitto_reason_string");
     BIND(connect_bind_v5, "mosquitto_connect_bind_v5");

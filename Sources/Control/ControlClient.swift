@@ -70,6 +70,9 @@ public final class ControlClient {
 
     deinit { try? fd.close() }
 
+    /// The longest answer line read.
+    public static let maximumReply = 1 << 20
+
     /// Sends one request and waits for its response line.
     public func request(_ request: ControlProtocol.Request) throws -> ControlProtocol.Response {
         var line = try JSONEncoderLite().encode(request)
@@ -96,6 +99,9 @@ public final class ControlClient {
             }
             guard count > 0 else { throw Failure(description: "the daemon closed the connection") }
             buffer.append(contentsOf: chunk[0..<count])
+            // A status is a few kilobytes: whatever sends more is not a
+            // daemon worth reading to the end.
+            if buffer.count > Self.maximumReply { throw Failure(description: "the daemon's answer is longer than \(Self.maximumReply >> 20) MiB") }
         }
     }
 

@@ -64,6 +64,8 @@ public final class MQTTClient: @unchecked Sendable {
     /// the same (one that ignores the CONNECT property): its topic and
     /// payload size. Its payload is never copied.
     public var onOversize: (String, Int) -> Void = { _, _ in }
+    /// SUBACK for the subscription with this message id (``subscribe``'s).
+    public var onSubscribed: (Int32) -> Void = { _ in }
     /// The Maximum Packet Size this client announced, if any.
     public let maximumPacketSize: UInt32?
 
@@ -125,6 +127,10 @@ public final class MQTTClient: @unchecked Sendable {
             guard let object else { return }
             Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().ended(code)
         }
+        api.pointee.subscribe_callback_set(client) { _, object, mid, _, _ in
+            guard let object else { return }
+            Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue().onSubscribed(mid)
+        }
         api.pointee.message_callback_set(client) { _, object, message in
             guard let object, let message = message?.pointee, let topic = message.topic else { return }
             let this = Unmanaged<MQTTClient>.fromOpaque(object).takeUnretainedValue()
@@ -150,9 +156,9 @@ public final class MQTTClient: @unchecked Sendable {
     /// `onDisconnect`.
     public func connect() throws(MQTTError) {
         loop.assertInLoop()
-        let code = connectCalled
+        let code = noted(connectCalled
             ? api.pointee.reconnect_async(client)
-            : api.pointee.connect_async(client, endpoint.host, Int32(endpoint.port), Int32(endpoint.keepalive))
+            : api.pointee.connect_async(client, endpoint.host, Int32(endpoint.port), Int32(endpoint.keepalive)))
         connectCalled = true
         guard code == 0 else { throw MQTTError("cannot connect to \(endpoint.description): \(describe(code))") }
         watch()
@@ -179,16 +185,31 @@ public final class MQTTClient: @unchecked Sendable {
         return code == 0
     }
 
-    public func subscribe(_ filter: String, qos: Int32 = 0, options: Int32 = 0) throws(MQTTError) {
+    /// Sends SUBSCRIBE; returns its message id (``onSubscribed`` says when
+    /// the broker has it: until then, messages on `filter` may pass by).
+    @discardableResult
+    public func subscribe(_ filter: String, qos: Int32 = 0, options: Int32 = 0) throws(MQTTError) -> Int32 {
         loop.assertInLoop()
-        let code = api.pointee.subscribe_v5(client, nil, filter, qos, options, nil)
+        var mid: Int32 = 0
+        let code = api.pointee.subscribe_v5(client, &mid, filter, qos, options, nil)
         guard code == 0 else { throw MQTTError("subscribing to \(filter): \(describe(code))") }
         watch()
+        return mid
+    }
+
+    /// errno when libmosquitto last said MOSQ_ERR_ERRNO: read at once, as
+    /// any later call (the close that follows, say) may change errno.
+    private var lastErrno: Int32 = 0
+
+    /// Remembers errno if `code` says the answer is in it.
+    private func noted(_ code: Int32) -> Int32 {
+        if code == Int32(BC_MOSQ_ERR_ERRNO) { lastErrno = errno }
+        return code
     }
 
     /// A libmosquitto error or MQTT 5 reason code, in words.
     public func describe(_ code: Int32) -> String {
-        if code == Int32(BC_MOSQ_ERR_ERRNO) { return String(cString: strerror(errno)) }
+        if code == Int32(BC_MOSQ_ERR_ERRNO) { return lastErrno == 0 ? "a system error" : String(cString: strerror(lastErrno)) }
         return api.pointee.strerror(code).map { String(cString: $0) } ?? "error \(code)"
     }
 
@@ -225,6 +246,7 @@ public final class MQTTClient: @unchecked Sendable {
 
     /// The connection is over: said once, however libmosquitto ended it.
     private func ended(_ code: Int32) {
+        _ = noted(code)
         guard socket != nil else { return }
         unwatch()
         onDisconnect(code)
@@ -232,7 +254,7 @@ public final class MQTTClient: @unchecked Sendable {
 
     private func ready(_ readiness: EventLoop.Readiness) {
         var code: Int32 = 0
-        if readiness.contains(.writable) { code = api.pointee.loop_write(client, 1) }
+        if readiness.contains(.writable) { code = noted(api.pointee.loop_write(client, 1)) }
         if code == 0, readiness.contains(.readable) || readiness.contains(.closed) { code = drain() }
         // libmosquitto 2.0.11 returns a failed TLS handshake from
         // loop_read without its disconnect callback: the connection is
@@ -252,7 +274,7 @@ public final class MQTTClient: @unchecked Sendable {
         for _ in 0..<Self.readBatch {
             let fd = api.pointee.socket(client)
             guard fd >= 0 else { return 0 }
-            let code = api.pointee.loop_read(client, 1)
+            let code = noted(api.pointee.loop_read(client, 1))
             if code != 0 { return code }
             // The rest waits for the next wakeup, after the loop's other
             // descriptors (with TLS, for the next tick).

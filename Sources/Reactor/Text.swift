@@ -182,3 +182,37 @@ extension String {
 
     private static let hexDigits = Array("0123456789abcdef".unicodeScalars)
 }
+
+/// What makes a name for an output (a channel's or switch's `name:`, an
+/// entry of `lcd.line_names`) fit to show: in Home Assistant, status lines,
+/// logs and the control page. One rule, so the board file refuses exactly
+/// what a reader of the daemon's status would leave out.
+public enum OutputName {
+    /// Characters as a person counts them.
+    public static let maximumCharacters = 40
+    /// A character may carry any number of combining marks: bytes bound it.
+    public static let maximumBytes = 160
+
+    /// Why `name` is unfit, or nil when it is fit.
+    public static func fault(_ name: String) -> String? {
+        // Bytes first: counting characters costs as much as the string is long.
+        guard !name.isEmpty, name.utf8.count <= maximumBytes, name.count <= maximumCharacters,
+              name.contains(where: { !$0.isWhitespace }) else {
+            return "must be 1 to \(maximumCharacters) characters (at most \(maximumBytes) bytes)"
+        }
+        guard !name.unicodeScalars.contains(where: isUnfit) else {
+            return "must not contain control characters, line separators or bidirectional formatting"
+        }
+        return nil
+    }
+
+    /// Control characters (C0, DEL, C1), line and paragraph separators, and
+    /// the bidirectional embeddings, overrides and isolates (which would
+    /// reorder the label around the name).
+    private static func isUnfit(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x202A...0x202E, 0x2066...0x2069: return true
+        default: return false
+        }
+    }
+}

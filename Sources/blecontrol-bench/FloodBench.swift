@@ -130,21 +130,8 @@ func benchmarkFlood(binary: String, megabytes: Int) throws {
             throw BenchError("the daemon did not connect to the broker")
         }
         let errors = try MosquittoSubscriber(broker, topics: ["blecontrol/flood/errors"])
-        let loop = try EventLoop(name: "bench-flood")
-        loop.start()
+        let (loop, publisher) = try operatorClient(broker, clientID: "bench-flooder")
         defer { loop.stop() }
-        var endpoint = MQTTEndpoint(host: "127.0.0.1", port: broker.port, clientID: "bench-flooder")
-        endpoint.username = "operator"
-        endpoint.password = "operator-secret"
-        let connected = Promise<Int32>()
-        let publisherEndpoint = endpoint
-        let publisher = try loop.submitAndWait { () -> MQTTClient in
-            let client = try MQTTClient(loop: loop, endpoint: publisherEndpoint)
-            client.onConnect = { code in connected.fulfil(code) }
-            try client.connect()
-            return client
-        }
-        guard connected.wait() == 0 else { throw BenchError("the flooder was refused") }
         // One message of it all, then the same bytes cut into messages
         // just under the board's Maximum Packet Size (the most a broker
         // that honours it lets through).

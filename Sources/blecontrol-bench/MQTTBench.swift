@@ -28,22 +28,8 @@ func benchmarkMQTT(samples: Int = 500) throws {
     }
     guard let chip = runtime.emulators?.pca9685.first else { throw BenchError("no emulated PCA9685") }
 
-    // The publisher: one MQTT client on its own loop, as a script would be.
-    let loop = try EventLoop(name: "bench-mqtt")
-    loop.start()
+    let (loop, publisher) = try operatorClient(broker, clientID: "bench-publisher")
     defer { loop.stop() }
-    var endpoint = MQTTEndpoint(host: "127.0.0.1", port: broker.port, clientID: "bench-publisher")
-    endpoint.username = "operator"
-    endpoint.password = "operator-secret"
-    let connected = Promise<Int32>()
-    let publisherEndpoint = endpoint
-    let publisher = try loop.submitAndWait { () -> MQTTClient in
-        let client = try MQTTClient(loop: loop, endpoint: publisherEndpoint)
-        client.onConnect = { code in connected.fulfil(code) }
-        try client.connect()
-        return client
-    }
-    guard connected.wait() == 0 else { throw BenchError("the publisher was refused") }
     let tcp = try LoopbackTCPClient(port: runtime.tcpPort ?? 0)
 
     let paths: [(String, ([UInt8]) throws -> Void)] = [
@@ -78,4 +64,27 @@ func benchmarkMQTT(samples: Int = 500) throws {
         print("  " + label.padding(toLength: 36, withPad: " ", startingAt: 0)
               + String(format: "%8.0f  %8.0f", percentile(values, 0.5), percentile(values, 0.99)))
     }
+}
+
+/// The publisher: one MQTT client on its own loop, connected to `broker`
+/// as its operator, as a script would be. Stop the loop when done.
+func operatorClient(_ broker: MosquittoBroker, clientID: String) throws -> (EventLoop, MQTTClient) {
+    let loop = try EventLoop(name: clientID)
+    loop.start()
+    var endpoint = MQTTEndpoint(host: "127.0.0.1", port: broker.port, clientID: clientID)
+    endpoint.username = "operator"
+    endpoint.password = "operator-secret"
+    let connected = Promise<Int32>()
+    let ready = endpoint
+    let client = try loop.submitAndWait { () -> MQTTClient in
+        let client = try MQTTClient(loop: loop, endpoint: ready)
+        client.onConnect = { code in connected.fulfil(code) }
+        try client.connect()
+        return client
+    }
+    guard connected.wait() == 0 else {
+        loop.stop()
+        throw BenchError("\(clientID) was refused by the broker")
+    }
+    return (loop, client)
 }

@@ -63,21 +63,34 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             threads: held.threads, logBytes: daemon.logBytes()
         ))
     }
-    var reloads = 0, reconnects = 0, frames = 0, value = 0
+    var reloads = 0, reconnects = 0
+    var traffic = DemoAppTraffic()
     var nextReload = reloadEvery, nextReconnect = reconnectEvery, nextSample = 0.0
+    // A long run says where it stands every ten minutes, so a run cut short
+    // (a machine's session ending) still leaves its slopes behind.
+    let reportEvery = 600.0
+    var nextReport = reportEvery
     // One control connection for the whole run: a quiet moment's count of
     // descriptors then holds exactly it, never a status request's
     // connection the daemon has not closed yet.
     let control = try ControlLine(path: daemon.socket)
     var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.port)
-    var enable: [UInt8] = []
-    for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &enable) }
+    let enable = DemoAppTraffic.enable
     try central?.send(enable)
     while elapsed() < seconds {
         let now = elapsed()
         if now >= nextSample {
             sample()
             nextSample += 1
+        }
+        if now >= nextReport {
+            nextReport += reportEvery
+            let settled = samples.filter { $0.at >= min(seconds / 10, 3600) }
+            let slope = slopePerHour(settled.map(\.at), settled.map { Double($0.rss) })
+            let last = samples[samples.count - 1]
+            print(String(format: "soak: at %5.0f s: resident %d kB, %d descriptors, %d threads, log %d B; resident slope since settling %+.1f kB/h",
+                         now, last.rss, last.descriptors, last.threads, last.logBytes, slope))
+            fflush(nil)
         }
         if now >= nextReconnect {
             // Quiet: the central gone, and the daemon has seen it go.
@@ -102,17 +115,7 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             rename(boardPath + ".new", boardPath)
             kill(daemon.pid, SIGHUP)
         }
-        // 20 Hz: four servos, as a thumb moves the sliders; now and then a
-        // switch and an LCD line.
-        var bytes: [UInt8] = []
-        value = (value + 7) % 1001
-        for channel in 0..<4 { FrameEncoder.encode(.servo(channel: UInt8(channel), value: UInt16((value + channel * 250) % 1001)), into: &bytes) }
-        frames += 4
-        if frames % 160 == 0 {
-            FrameEncoder.encode(.switchValue(index: 0, on: frames % 320 == 0), into: &bytes)
-            FrameEncoder.encode(.lcdText(line: 0, text: Array("t=\(Int(now)) s".utf8)), into: &bytes)
-            frames += 2
-        }
+        let bytes = traffic.next(at: now)
         do {
             try central?.send(bytes)
         } catch {
@@ -121,19 +124,27 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             central = try LoopbackTCPClient(port: daemon.port)
             try central?.send(enable)
         }
-        usleep(50_000)
+        usleep(DemoAppTraffic.period)
     }
+    let frames = traffic.frames
     central = nil
     sample()
     daemon.stop()
 
-    // The first tenth is the daemon settling (allocator arenas, lazy state).
-    let settled = samples.filter { $0.at >= seconds / 10 }
+    // The first tenth is the daemon settling (allocator arenas, lazy state),
+    // at most an hour.
+    let settled = samples.filter { $0.at >= min(seconds / 10, 3600) }
     let times = settled.map(\.at)
     func slope(_ value: (SoakSample) -> Int) -> Double { slopePerHour(times, settled.map { Double(value($0)) }) }
     let first = settled.first ?? samples[0], last = samples[samples.count - 1]
     print("soak: \(frames) frames, \(reconnects) reconnections, \(reloads) reloads, \(samples.count) samples")
     print(String(format: "  resident memory  %6d kB -> %6d kB   slope %+.1f kB/h", first.rss, last.rss, slope(\.rss)))
+    if seconds >= 7200 {
+        // Issue #29: does memory still grow after the first hour?
+        let later = samples.filter { $0.at >= 3600 }
+        print(String(format: "  resident memory after the first hour: slope %+.1f kB/h over %.1f h",
+                     slopePerHour(later.map(\.at), later.map { Double($0.rss) }), (later.last?.at ?? 0) / 3600 - 1))
+    }
     print(String(format: "  descriptors      %6d    -> %6d      slope %+.2f /h", first.descriptors, last.descriptors, slope(\.descriptors)))
     print(String(format: "  threads          %6d    -> %6d      slope %+.2f /h", first.threads, last.threads, slope(\.threads)))
     let logPerHour = slope(\.logBytes)
@@ -152,4 +163,34 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
         return false
     }
     return true
+}
+
+/// The original demo app's traffic as a thumb makes it: 20 writes a second,
+/// four servos swept together; now and then a switch and an LCD line.
+struct DemoAppTraffic {
+    /// Microseconds between writes.
+    static let period: UInt32 = 50_000
+    private(set) var frames = 0
+    private var value = 0
+
+    /// ANALOG_OUT_EN for the four servo channels, as the app sends on connect.
+    static var enable: [UInt8] {
+        var bytes: [UInt8] = []
+        for channel in 0..<4 { FrameEncoder.encode(.enable(channel: UInt8(channel), on: true), into: &bytes) }
+        return bytes
+    }
+
+    /// The next write, `now` seconds into the run.
+    mutating func next(at now: Double) -> [UInt8] {
+        var bytes: [UInt8] = []
+        value = (value + 7) % 1001
+        for channel in 0..<4 { FrameEncoder.encode(.servo(channel: UInt8(channel), value: UInt16((value + channel * 250) % 1001)), into: &bytes) }
+        frames += 4
+        if frames % 160 == 0 {
+            FrameEncoder.encode(.switchValue(index: 0, on: frames % 320 == 0), into: &bytes)
+            FrameEncoder.encode(.lcdText(line: 0, text: Array("t=\(Int(now)) s".utf8)), into: &bytes)
+            frames += 2
+        }
+        return bytes
+    }
 }

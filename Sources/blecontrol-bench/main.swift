@@ -415,13 +415,14 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 //        blecontrol-bench soak DAEMON [SECONDS]
 //        blecontrol-bench flood DAEMON [MEGABYTES]
+//        blecontrol-bench chatter DAEMON [SECONDS]
 //        blecontrol-bench memory DAEMON [SECONDS]
 //        blecontrol-bench idle DAEMON [SECONDS]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood", "memory", "idle"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood", "chatter", "memory", "idle"].contains(section) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES] | chatter DAEMON [SECONDS] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
     exit(2)
 }
 if section == "memory" || section == "idle" {
@@ -452,6 +453,14 @@ if section == "flood" {
         exit(2)
     }
     do { try benchmarkFlood(binary: arguments[1], megabytes: megabytes) } catch { print("flood failed: \(error)"); exit(1) }
+    exit(0)
+}
+if section == "chatter" {
+    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0 else {
+        print("usage: blecontrol-bench chatter DAEMON [SECONDS]   (per phase; default 120)")
+        exit(2)
+    }
+    do { try benchmarkChatter(binary: arguments[1], seconds: seconds) } catch { print("chatter failed: \(error)"); exit(1) }
     exit(0)
 }
 if section == "mqtt" {

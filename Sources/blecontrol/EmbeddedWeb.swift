@@ -35,6 +35,9 @@ enum EmbeddedWeb {
 
   let device = null;
   let leaving = false;
+  // Counts connections and disconnections: an answer that arrives after
+  // either belongs to a connection that is gone.
+  let generation = 0;
   const decoder = new P.ReplyDecoder();
 
   // ---------------------------------------------------------------- log
@@ -284,6 +287,76 @@ enum EmbeddedWeb {
     logList.replaceChildren();
   });
 
+  // --------------------------------------------------------------- names
+
+  // What the board file calls its outputs ("Channel 0 · steering"), from
+  // the daemon of the machine that served this page (board.json). The
+  // numbers stay: the protocol speaks in them.
+  const labels = [].concat(
+    SERVO_CHANNELS.map((channel) => ['channel', channel, document.querySelector('label[for="servo' + channel + '"]')]),
+    PWM_CHANNELS.map((channel) => ['channel', channel, document.querySelector('label[for="pwm' + channel + '"]')]),
+    SWITCHES.map((index) => ['switch', index, $('switch' + index).nextElementSibling]),
+    [0, 1].map((line) => ['line', line, document.querySelector('label[for="lcd' + line + '"]')]));
+
+  /** Puts each output's name after its number, or takes them all away (null). */
+  function showNames(names) {
+    for (const [kind, number, label] of labels) {
+      const name = names ? names[kind].get(number) : undefined;
+      let slot = label.querySelector('.output-name');
+      if (!name) {
+        if (slot) slot.remove();
+        continue;
+      }
+      if (!slot) {
+        slot = document.createElement('span');
+        slot.className = 'output-name';
+        label.append(slot);
+      }
+      // Text only, and isolated: a name in another script cannot reorder the label.
+      const text = document.createElement('bdi');
+      text.textContent = name;
+      slot.replaceChildren(' · ', text);
+    }
+  }
+
+  /** Number → name for one kind, from board.json's list of them. */
+  function namesOf(list, key) {
+    const names = new Map();
+    if (!Array.isArray(list)) return names;
+    for (const entry of list.slice(0, 256)) {
+      if (entry && Number.isInteger(entry[key]) && typeof entry.name === 'string' && entry.name.length <= 160 && !names.has(entry[key])) {
+        names.set(entry[key], entry.name);
+      }
+    }
+    return names;
+  }
+
+  /**
+   * Shows the names board.json gives, if the board just connected to is the
+   * one they belong to: its Device Information model is the board's name.
+   * A page opened from a file, or served with no daemon to ask, keeps the
+   * numbers alone and says nothing.
+   */
+  async function loadNames(asked, model) {
+    if (location.protocol !== 'http:' && location.protocol !== 'https:') return;
+    let data = null;
+    try {
+      const response = await fetch('board.json', { cache: 'no-store' });
+      if (response.ok) data = await response.json();
+    } catch (error) {
+      return;
+    }
+    if (asked !== generation) return;
+    if (!data || typeof data.board !== 'string') return;
+    if (data.board !== model) {
+      log('info', 'the names of ' + data.board + ' (the board where this page came from) are not shown: this board is ' + (model || 'not saying its name'));
+      return;
+    }
+    const names = { channel: namesOf(data.channels, 'channel'), switch: namesOf(data.switches, 'switch'), line: namesOf(data.lcd_lines, 'line') };
+    showNames(names);
+    if (names.channel.size + names.switch.size + names.line.size) log('info', 'output names from ' + data.board + '’s board file');
+  }
+
   // ---------------------------------------------------------- connection
 
   const connectButton = $('connect');
@@ -312,23 +385,28 @@ enum EmbeddedWeb {
     writer.detach();
     $('alert').hidden = true;
     $('board').textContent = '';
+    showNames(null);
+    generation += 1;
     decoder.reset();
     log('info', leaving ? 'disconnected' : 'the board went away');
     setState('disconnected', leaving ? 'Not connected' : 'Connection lost: ' + (device ? device.name : 'the board') + ' went away');
     leaving = false;
   }
 
+  /** The board's name (its model), '' if it does not say. */
   async function readDeviceInformation(server) {
     // The board names itself here (model = the board's name, firmware
-    // revision); optional, and nothing depends on it.
+    // revision); optional: only the output names depend on it.
     try {
       const service = await server.getPrimaryService('device_information');
       const decode = async (uuid) => new TextDecoder().decode(await (await service.getCharacteristic(uuid)).readValue());
       const model = await decode('model_number_string');
       const firmware = await decode('firmware_revision_string').catch(() => '');
       $('board').textContent = model + (firmware ? ' · firmware ' + firmware : '');
+      return model;
     } catch (error) {
       $('board').textContent = '';
+      return '';
     }
   }
 
@@ -369,7 +447,9 @@ enum EmbeddedWeb {
       await setOutputs(true);
       $('outputs').checked = true;
       setState('connected', 'Connected to ', name);
-      readDeviceInformation(server);
+      generation += 1;
+      const asked = generation;
+      readDeviceInformation(server).then((model) => loadNames(asked, model));
     } catch (error) {
       log('error', 'connecting failed: ' + error.message);
       writer.detach();
@@ -911,7 +991,11 @@ h2.sub { margin: 16px 0 6px; font-size: 0.95rem; }
   margin-top: 6px;
 }
 
-.slider label { font-weight: 600; }
+.slider label { font-weight: 600; min-width: 0; }
+
+/* A board file's name for an output, after its number (app.js): up to 40
+   characters, wrapped rather than pushing the card wider. */
+.output-name { overflow-wrap: break-word; }
 
 .slider output { font-family: var(--mono); font-size: 0.9rem; color: var(--muted); text-align: right; }
 
@@ -969,6 +1053,8 @@ input[type="range"]:disabled::-moz-range-thumb { background: var(--muted); }
 /* ---- switches ---- */
 
 .switches { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 4px 8px; }
+/* Named switches need the room for "Switch 0 · headlights" on one line. */
+.switches:has(.output-name) { grid-template-columns: repeat(auto-fill, minmax(240px, 1fr)); }
 
 .switch {
   display: flex;
@@ -981,6 +1067,8 @@ input[type="range"]:disabled::-moz-range-thumb { background: var(--muted); }
   cursor: pointer;
   -webkit-tap-highlight-color: transparent;
 }
+
+.switch > span { white-space: normal; min-width: 0; }
 
 .switch input {
   -webkit-appearance: none;

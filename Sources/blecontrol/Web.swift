@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Arguments
+import Control
 import Reactor
 
 /// `blecontrol web`: serves the Web Bluetooth control page (web/, compiled
@@ -10,10 +11,11 @@ import Reactor
 /// Sendable.)
 ///
 /// The page talks to the board over Bluetooth itself; this server only hands
-/// out a few fixed files. It is deliberately small: GET and HEAD, one request
-/// per connection, nothing read from the file system (so no path can reach
-/// outside the page), requests bounded in size and time, on the project's
-/// event loop.
+/// out a few fixed files, and the board's names for its outputs from the
+/// daemon on this machine (``WebBoardNames``). It is deliberately small: GET
+/// and HEAD, one request per connection, nothing read from the file system
+/// (so no path can reach outside the page), requests bounded in size and
+/// time, on the project's event loop.
 func webCommand() -> Command {
     Command(
         "web",
@@ -24,21 +26,31 @@ func webCommand() -> Command {
         Browsers offer Web Bluetooth only to a secure context (Chromium on Linux also only with chrome://flags, \
         "Experimental Web Platform features"). http://localhost is one: open the page on this machine (its browser then \
         needs a Bluetooth adapter other than the one blecontrold advertises on: ble.adapter in the board file), or \
-        forward the port and open http://localhost:8000 on the other machine (from a laptop: ssh -L \
-        8000:localhost:8000 to this one; an Android phone on USB: adb reverse tcp:8000 tcp:8000 on the machine it is \
-        plugged into). Plain HTTP across the network is not one: put an HTTPS reverse proxy in front (a self-signed \
-        certificate works once the browser's warning is accepted), or add the address to "Insecure origins treated as \
-        secure" in the browser's chrome://flags.
+        forward the port and open http://localhost:8000 on the other machine (from a laptop: ssh -L 8000:localhost:8000 \
+        to this one; an Android phone on USB: adb reverse tcp:8000 tcp:8000 on the machine it is plugged into). Plain \
+        HTTP across the network is not one: put an HTTPS reverse proxy in front (a self-signed certificate works once \
+        the browser's warning is accepted), or add the address to "Insecure origins treated as secure" in the browser's \
+        chrome://flags. The labels carry the board file's names ("Channel 0 · steering", name: in servo.channels and \
+        switches, lcd.line_names) when this command can reach the board's daemon: its control socket, found as for the \
+        other commands (--socket, else $BLECONTROL_SOCKET, else the service's, else the simulator's; one of another \
+        user's is refused). Each time the page connects to a board it fetches /board.json from this server, which asks \
+        the daemon then (so a reload of the board file or a daemon started later is seen without restarting this \
+        command); the page shows the names only if the board it connected to calls itself by the same board name (its \
+        Device Information), so another board in range never gets this one's names. Without a daemon (this command run \
+        on a laptop next to the board), or opened from a file, the page labels the outputs by number alone. The command \
+        says on standard output which names it serves, or why none, whenever that changes. /board.json holds only the \
+        board's name and its outputs' names, to anyone who can load the page.
         """,
         options: [
             Command.Option("listen", value: "HOST:PORT", help: "Where to serve (default 127.0.0.1:8000; [::1]:8000 for IPv6; port 0 picks a free one). Anything but loopback serves the page to the network, as plain HTTP."),
+            socketOption,
         ]
     ) { arguments in
         let text = arguments.option("listen") ?? "127.0.0.1:8000"
         guard let endpoint = WebEndpoint(text) else {
             throw UsageError("--listen must be HOST:PORT (e.g. 127.0.0.1:8000 or [::1]:0), got \(text)")
         }
-        try WebServer.serve(endpoint)
+        try WebServer.serve(endpoint, names: WebNameSource(socketPath: arguments.option("socket") ?? ControlClient.defaultPath()))
     }
 }
 
@@ -242,16 +254,23 @@ final class WebServer: @unchecked Sendable {
 
     private let loop: EventLoop
     private let site: WebSite
+    private let names: WebNameSource
     fileprivate var listener: Listener?
     private var connections: [ObjectIdentifier: WebConnection] = [:]
+    /// The daemon is asked on a thread of its own (ControlClient blocks), one
+    /// request at a time; the connections waiting meanwhile share its answer.
+    private var namesThread: OSThread?
+    private var namesWaiting: [(WebBoardNames) -> Void] = []
 
-    init(loop: EventLoop, site: WebSite) {
+    init(loop: EventLoop, site: WebSite, names: WebNameSource) {
         self.loop = loop
         self.site = site
+        self.names = names
     }
 
-    /// Serves `endpoint` until SIGINT, SIGTERM or SIGHUP; prints the URL first.
-    static func serve(_ endpoint: WebEndpoint) throws {
+    /// Serves `endpoint` until SIGINT, SIGTERM or SIGHUP; prints the URL
+    /// first, then which board names the page gets.
+    static func serve(_ endpoint: WebEndpoint, names: WebNameSource) throws {
         // A browser that goes away mid-response must cost a write error,
         // not the process.
         signal(SIGPIPE, SIG_IGN)
@@ -268,7 +287,7 @@ final class WebServer: @unchecked Sendable {
         let port = Sockets.localPort(fd) ?? endpoint.port
         let loop = try EventLoop(name: "blecontrol-web")
         loop.start()
-        let server = WebServer(loop: loop, site: .embedded)
+        let server = WebServer(loop: loop, site: .embedded, names: names)
         let stop = Promise<Int32>()
         try loop.submitAndWait {
             server.listener = try Listener.start(
@@ -283,6 +302,8 @@ final class WebServer: @unchecked Sendable {
             print("note: over the network this is plain HTTP, where browsers offer no Web Bluetooth; `blecontrol web --help` says what works")
         }
         fflush(nil)
+        // Asked once now only to say what the page will get.
+        _ = names.read()
         _ = stop.wait()
         try loop.submitAndWait {
             server.stop()
@@ -291,8 +312,29 @@ final class WebServer: @unchecked Sendable {
         loop.stop()
     }
 
+    /// Calls `deliver` on the loop with the daemon's names as they are now.
+    fileprivate func boardNames(_ deliver: @escaping (WebBoardNames) -> Void) {
+        loop.assertInLoop()
+        namesWaiting.append(deliver)
+        guard namesThread == nil else { return }
+        let thread = OSThread(name: "blecontrol-names")
+        namesThread = thread
+        thread.start { [names, loop] in
+            let found = names.read()
+            loop.execute { [weak self] in self?.namesRead(found) }
+        }
+    }
+
+    private func namesRead(_ found: WebBoardNames) {
+        namesThread?.join()
+        namesThread = nil
+        let waiting = namesWaiting
+        namesWaiting = []
+        for deliver in waiting { deliver(found) }
+    }
+
     fileprivate func accept(_ fd: CInt) {
-        let connection = WebConnection(fd: fd, loop: loop, site: site) { [weak self] closed in
+        let connection = WebConnection(fd: fd, loop: loop, site: site, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in
             guard let self else { return }
             self.connections[ObjectIdentifier(closed)] = nil
             self.listener?.openConnections = self.connections.count
@@ -315,6 +357,9 @@ final class WebConnection {
     // Loop-confined, like its server.
     private enum Phase {
         case reading
+        /// The head read, the answer being looked up (the board's names):
+        /// nothing more is read until it is sent.
+        case waiting
         case writing
         /// Response sent and our side shut down: reading what the peer
         /// still sends until it closes, so closing cannot reset the
@@ -327,12 +372,17 @@ final class WebConnection {
     static let headTimeout: Duration = .seconds(10)
     static let writeTimeout: Duration = .seconds(30)
     static let lingerTimeout: Duration = .seconds(2)
+    /// How long the board's names may take before the page gets none
+    /// (the daemon's own bound, WebNameSource.timeout, is shorter; this one
+    /// also covers a connect that hangs).
+    static let namesTimeout: Duration = .seconds(10)
     /// The most bytes read and dropped while lingering.
     static let maximumLingerBytes = 65536
 
     private let fd: CInt
     private let loop: EventLoop
     private let site: WebSite
+    private let names: (@escaping (WebBoardNames) -> Void) -> Void
     private let onClose: (WebConnection) -> Void
     private var token: LoopToken?
     private var timer: LoopToken?
@@ -343,10 +393,11 @@ final class WebConnection {
     private var discarded = 0
     private var closed = false
 
-    init(fd: CInt, loop: EventLoop, site: WebSite, onClose: @escaping (WebConnection) -> Void) {
+    init(fd: CInt, loop: EventLoop, site: WebSite, names: @escaping (@escaping (WebBoardNames) -> Void) -> Void, onClose: @escaping (WebConnection) -> Void) {
         self.fd = fd
         self.loop = loop
         self.site = site
+        self.names = names
         self.onClose = onClose
     }
 
@@ -385,6 +436,8 @@ final class WebConnection {
         switch phase {
         case .reading:
             readHead()
+        case .waiting:
+            break  // not watched meanwhile: its timer bounds it
         case .writing:
             if readiness.contains(.writable) { drain() }
             // A peer that hung up cannot read the rest.
@@ -405,11 +458,25 @@ final class WebConnection {
         received += buffer[0..<count]
         let head = WebHTTP.parseHead(received)
         if head == .incomplete { return }
+        if case .complete(let method, WebBoardNames.path) = head {
+            return answerWithNames(head: method == "HEAD")
+        }
         respond(WebHTTP.response(to: head, site: site))
     }
 
+    private func answerWithNames(head: Bool) {
+        phase = .waiting
+        received = []
+        if let token { loop.setInterest(token, .none) }
+        let answer = { [weak self] (found: WebBoardNames) -> Void in
+            self?.respond(WebHTTP.response(.ok, contentType: "application/json", body: found.json, head: head))
+        }
+        arm(WebConnection.namesTimeout) { answer(WebBoardNames()) }
+        names(answer)
+    }
+
     private func respond(_ response: [UInt8]) {
-        guard !closed, phase == .reading else { return }
+        guard !closed, phase == .reading || phase == .waiting else { return }
         phase = .writing
         received = []
         outbound = response

@@ -84,7 +84,7 @@ let run = Command(
         boardOption,
         Command.Option("socket", value: "PATH", help: "The control socket to create, instead of the board file's control.socket (blecontrol --socket names the same socket).",
                        aliases: ["control-socket"]),
-        Command.Option("tcp", value: "HOST:PORT", help: "Override the TCP listen address of the board file (port 0 picks a free one)."),
+        Command.Option("tcp", value: "HOST:PORT", help: "Override the TCP listen address of the board file (port 0 picks a free one). Off loopback only if the board file itself listens off loopback (transports.tcp.allow_network)."),
         Command.Option("log-level", value: "LEVEL", help: "trace, debug, info, notice, warning, error or critical (default info)."),
     ],
     flags: [Command.Flag("check-board", help: "Validate the board file and exit.")]
@@ -107,6 +107,11 @@ let run = Command(
     if arguments.flag("check-board") {
         print("\(configuration.sourcePath): OK (\(configuration.name))")
         return
+    }
+    // The command line may move the TCP transport, not take it off
+    // loopback: that is the board file's decision (allow_network).
+    if let tcpOverride, !tcpOverride.isLoopback, configuration.tcp?.isLoopback ?? true {
+        throw UsageError("--tcp \(tcpOverride.host):\(tcpOverride.port) is not a loopback address: anything that connects could drive the outputs; the board file must listen off loopback itself (transports.tcp.allow_network: true)")
     }
     if configuration.lockMemory {
         // Page faults on the servo path would be latency nobody asked for.

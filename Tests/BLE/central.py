@@ -6,7 +6,8 @@ iOS library's byte sequences and checks what the emulated board did through
 
 Prints one PASS/FAIL line per check; exit status 1 when any failed.
 Environment: DBUS_SYSTEM_BUS_ADDRESS (the private bus), BLECONTROL_BIN,
-BLECONTROL_SOCKET, BLE_NAME.
+BLECONTROL_SOCKET, BLE_NAME, BLE_CENTRAL_ADAPTER (default hci1) and, for
+the two-centrals phase, BLE_OBSERVER_ADAPTER (default hci2).
 """
 import asyncio
 import json
@@ -21,6 +22,7 @@ SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
 NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
 ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
+OBSERVER_ADAPTER = os.environ.get("BLE_OBSERVER_ADAPTER", "hci2")
 failures = 0
 
 
@@ -68,7 +70,7 @@ async def wait_for(predicate, tries=1200):
     return predicate()
 
 
-async def find(timeout=120.0):
+async def find(timeout=120.0, adapter=ADAPTER):
     """Scan for the board by local name or by service (find_device_by_name is
     unreliable against BlueZoo; a filter on either is not). The scan ends as
     soon as the board is seen; the timeout only bounds a board that never is."""
@@ -82,7 +84,7 @@ async def find(timeout=120.0):
             hit["services"] = [u.lower() for u in adv.service_uuids]
             found.set()
 
-    async with BleakScanner(detection_callback=seen, bluez={"adapter": ADAPTER}):
+    async with BleakScanner(detection_callback=seen, bluez={"adapter": adapter}):
         try:
             await asyncio.wait_for(found.wait(), timeout)
         except asyncio.TimeoutError:
@@ -179,17 +181,22 @@ async def scenario():
     check(await advertising_instances("hci0") == 1, "still advertising after the central left")
 
 
-async def advertising_instances(adapter):
+async def adapter_property(adapter, interface, name):
+    """A property of /org/bluez/ADAPTER, as the bus reports it."""
     from dbus_fast import BusType, Message
     from dbus_fast.aio import MessageBus
     bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     try:
         reply = await bus.call(Message(
             destination="org.bluez", path="/org/bluez/" + adapter, interface="org.freedesktop.DBus.Properties",
-            member="Get", signature="ss", body=["org.bluez.LEAdvertisingManager1", "ActiveInstances"]))
+            member="Get", signature="ss", body=[interface, name]))
         return reply.body[0].value if reply.body else None
     finally:
         bus.disconnect()
+
+
+async def advertising_instances(adapter):
+    return await adapter_property(adapter, "org.bluez.LEAdvertisingManager1", "ActiveInstances")
 
 
 async def after_restart():
@@ -215,16 +222,7 @@ async def after_restart():
 
 
 async def adapter_alias(adapter):
-    from dbus_fast import BusType, Message
-    from dbus_fast.aio import MessageBus
-    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
-    try:
-        reply = await bus.call(Message(
-            destination="org.bluez", path="/org/bluez/" + adapter, interface="org.freedesktop.DBus.Properties",
-            member="Get", signature="ss", body=["org.bluez.Adapter1", "Alias"]))
-        return reply.body[0].value if reply.body else None
-    finally:
-        bus.disconnect()
+    return await adapter_property(adapter, "org.bluez.Adapter1", "Alias")
 
 
 async def demo_app():
@@ -279,10 +277,102 @@ async def demo_app():
               [channel(report, c).get("pulse_us") for c in range(8)])
 
 
+# Issue 28: the failsafe follows the central in control (docs/protocol.md,
+# "Failsafe"). PWM 4 at 50 % from the commander; what else stays connected
+# must not keep it running once the commander leaves.
+ENABLE_4 = bytes([0x01, 0x02, 0x04, 0x01])
+PWM_4_HALF = bytes([0x03, 0x03, 0x04, 0x01, 0xF4])  # 500 → 50 %
+PWM_4_QUARTER = bytes([0x03, 0x03, 0x04, 0x00, 0xFA])  # 250 → 25 %
+
+
+def duty_4(report):
+    return channel(report, 4).get("duty", -1)
+
+
+def failsafe_of(report):
+    return report["servo"].get("failsafe")
+
+
+async def pwm_4_at_half(client, what):
+    await client.write_gatt_char(CHAR, ENABLE_4 + PWM_4_HALF, response=True)
+    ok = await wait_for(lambda: abs(duty_4(status()) - 0.5) < 0.001)
+    return check(ok, what + ": enable 4 + PWM_VAL 4 = 500 → channel 4 at 50 %", channel(status(), 4))
+
+
+async def commander_left(label, commander_address):
+    """After the commander's link is gone: the failsafe names it, channel 4 off."""
+    failsafe = await wait_for(lambda: failsafe_of(status()))
+    device = "dev_" + (commander_address or "?").replace(":", "_")
+    check(failsafe is not None and failsafe.startswith("central left: ble") and device in failsafe and "channel 4" in failsafe,
+          label + ": failsafe engaged, naming the commander (%s) and channel 4 (%s)" % (device, failsafe), failsafe)
+    ok = await wait_for(lambda: duty_4(status()) == 0)
+    check(ok, label + ": channel 4 at duty 0", channel(status(), 4))
+
+
+async def two_centrals():
+    """Two phones: an observer on BLE_OBSERVER_ADAPTER (notifications on, INIT
+    and LCD text only) and the commander on BLE_CENTRAL_ADAPTER. The
+    commander leaves: failsafe, though the observer stays; the observer's
+    first command ends it and applies."""
+    label = "two BLE centrals"
+    commander_address = await adapter_property(ADAPTER, "org.bluez.Adapter1", "Address")
+    observer_hit = await find(adapter=OBSERVER_ADAPTER)
+    commander_hit = await find(adapter=ADAPTER)
+    if not check(observer_hit is not None and commander_hit is not None,
+                 label + ": both find the board (%s and %s)" % (OBSERVER_ADAPTER, ADAPTER), (observer_hit, commander_hit)):
+        return
+    async with BleakClient(observer_hit["device"], bluez={"adapter": OBSERVER_ADAPTER}) as observer:
+        notifications = []
+        await observer.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
+        await observer.write_gatt_char(CHAR, bytes([0x00, 0x00]) + bytes([0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), response=True)
+        shown = await wait_for(lambda: status()["lcd"]["lines"][0].startswith("watching"))
+        check(shown, label + ": the observer (%s) sent INIT and LCD text" % OBSERVER_ADAPTER, status()["lcd"]["lines"])
+        async with BleakClient(commander_hit["device"], bluez={"adapter": ADAPTER}) as commander:
+            if not await pwm_4_at_half(commander, label + ": the commander (%s)" % ADAPTER):
+                return
+            sessions = ble_sessions(status())
+            check(len(sessions) == 2, label + ": two BLE sessions", sessions)
+        ok = await wait_for(lambda: len(ble_sessions(status())) == 1)
+        check(ok, label + ": the commander disconnected, the observer's session stays", ble_sessions(status()))
+        await commander_left(label + ", the commander left while the observer stays", commander_address)
+        await observer.write_gatt_char(CHAR, PWM_4_QUARTER, response=True)
+        ok = await wait_for(lambda: failsafe_of(status()) is None)
+        check(ok, label + ": the observer's first command (PWM_VAL 4 = 250) ends the failsafe", failsafe_of(status()))
+        ok = await wait_for(lambda: abs(duty_4(status()) - 0.25) < 0.001)
+        check(ok, label + ": and applies: channel 4 at 25 %", channel(status(), 4))
+        check(not any(n.startswith(bytes([0xFF])) for n in notifications), label + ": no ERROR notification to the observer",
+              [n.hex() for n in notifications])
+
+
+async def mqtt_idle():
+    """An MQTT broker connected and idle (Home Assistant watching) beside a BLE
+    central that commands PWM 4 and leaves: the failsafe engages."""
+    label = "MQTT idle beside BLE"
+    mqtt_state = lambda: status()["transports"].get("mqtt") or ""  # noqa: E731
+    ok = await wait_for(lambda: mqtt_state().startswith("connected"))
+    if not check(ok, label + ": the board is connected to the broker (%s)" % mqtt_state(), mqtt_state()):
+        return
+    commander_address = await adapter_property(ADAPTER, "org.bluez.Adapter1", "Address")
+    hit = await find()
+    if not check(hit is not None, label + ": the BLE central finds the board"):
+        return
+    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
+        if not await pwm_4_at_half(client, label):
+            return
+    ok = await wait_for(lambda: len(ble_sessions(status())) == 0)
+    check(ok, label + ": the BLE central disconnected, its session ended", ble_sessions(status()))
+    await commander_left(label + ", the BLE commander left", commander_address)
+    check(mqtt_state().startswith("connected"), label + ": the broker is still connected (%s)" % mqtt_state(), mqtt_state())
+
+
+PHASES = {"scenario": scenario, "demo-app": demo_app, "after-restart": after_restart,
+          "two-centrals": two_centrals, "mqtt-idle": mqtt_idle}
+
+
 def main():
     phase = sys.argv[1] if len(sys.argv) > 1 else "scenario"
     try:
-        asyncio.run(scenario() if phase == "scenario" else demo_app() if phase == "demo-app" else after_restart())
+        asyncio.run(PHASES.get(phase, after_restart)())
     except Exception as error:  # a crash is a failure, not a traceback-only exit
         check(False, "central script (" + phase + ") ran to the end", repr(error))
     sys.exit(1 if failures else 0)

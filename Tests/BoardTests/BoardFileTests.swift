@@ -381,6 +381,40 @@ struct BoardFileTests {
         #expect(TCPConfiguration(endpoint: "127.0.0.1:70000") == nil)
     }
 
+    @Test("The TCP transport listens beyond loopback only with allow_network: true", arguments: [
+        ("0.0.0.0:7171", false), ("[::]:7171", false), ("192.168.1.20:7171", false), ("raspberrypi.local:7171", false),
+        ("127.1:7171", false), ("0177.0.0.1:7171", false), ("127.0.0.1.example:7171", false),
+        ("127.0.0.1:7171", true), ("127.8.9.10:0", true), ("[::1]:7171", true), ("localhost:7171", true),
+    ])
+    func tcpStaysOnLoopback(listen: String, loopback: Bool) throws {
+        let file = minimal + "\ntransports:\n  tcp:\n    listen: \"\(listen)\"\n"
+        let refused = problems(file).filter { $0.field == "transports.tcp.listen" }
+        #expect(refused.isEmpty == loopback, "\(refused)")
+        #expect(refused.allSatisfy { $0.line == 7 && $0.message.contains("allow_network: true") })
+        let opened = try BoardFile.parse(file + "    allow_network: true\n", path: "t.yaml")
+        #expect(opened.tcp.map { "\($0.host.contains(":") ? "[\($0.host)]" : $0.host):\($0.port)" } == listen)
+        // Disabled, the address is not checked (nor used).
+        #expect(problems(minimal + "\ntransports:\n  tcp:\n    enabled: false\n    listen: \"\(listen)\"\n").isEmpty)
+    }
+
+    @Test("Names for outputs: plain text of 1 to 40 characters and 160 bytes; controls, separators and bidirectional overrides refused with their line", arguments: [
+        ("steering", true), ("Lüfter ⚙", true), (#"'Arm "left" <b>&</b> \ end'"#, true), ("\"\(String(repeating: "x", count: 40))\"", true),
+        ("\"\(String(repeating: "x", count: 41))\"", false), ("\"e\(String(repeating: "\\u0301", count: 80))\"", false),
+        ("\"\\u202Eevil\"", false), ("\"bell\\x07\"", false), ("\"line\\u2028break\"", false), ("\"c1\\x85\"", false), ("\"   \"", false), ("\"\"", false),
+    ])
+    func outputNames(name: String, fit: Bool) throws {
+        let file = minimal + "\nservo:\n  channels:\n    - { channel: 0, output: 0, role: servo, name: \(name) }\nswitches:\n  - { switch: 0, emulated: true, name: \(name) }\nlcd:\n  bus: main\n  line_names: [\(name)]\n"
+        let refused = problems(file)
+        if fit {
+            #expect(refused.isEmpty, "\(refused)")
+            let board = try BoardFile.parse(file, path: "t.yaml")
+            #expect(board.servo?.channels.first?.name == board.switches.first?.name)
+        } else {
+            #expect(refused.map(\.field).sorted() == ["lcd.line_names[0]", "servo.channels[0].name", "switches[0].name"], "\(refused)")
+            #expect(refused.allSatisfy { ($0.line ?? 0) >= 7 })
+        }
+    }
+
     @Test("Thousands of mangled board files: each parses or is refused with located problems, never a crash")
     func mangled() throws {
         let original = EmbeddedBoards.simulator.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)

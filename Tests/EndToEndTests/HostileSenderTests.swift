@@ -91,3 +91,17 @@ struct HostileSenderTests {
         #expect(self.session(try daemon.status())?["errors"] as? Int == 2001)
     }
 }
+
+@Suite("The TCP transport stays on loopback unless the board file says otherwise")
+struct TCPLoopbackTests {
+    @Test("--tcp cannot take a loopback board's TCP transport onto the network; a loopback override is fine")
+    func overrideStaysOnLoopback() throws {
+        let refused = try run(Executables.daemon, ["--tcp", "0.0.0.0:0", "--check-board"])
+        #expect(refused.status == 0, "--check-board checks the file alone: \(refused.stderr)")
+        let started = try run(Executables.daemon, ["--tcp", "0.0.0.0:0", "--socket", "/nonexistent/none.sock"])
+        #expect(started.status == 2, "\(started.stdout) \(started.stderr)")
+        #expect(started.stderr.contains("--tcp 0.0.0.0:0 is not a loopback address"), "\(started.stderr)")
+        let daemon = try SimulatorDaemon(extraArguments: ["--tcp", "127.0.0.2:0"])
+        #expect(daemon.tcpPort != 0)
+    }
+}

@@ -52,6 +52,14 @@ final class EmulatedBoard: @unchecked Sendable {
         servo.stop()
     }
 
+    /// A hub of sessions over this board's dispatcher, on `loop` (virtual
+    /// time), logging nothing.
+    func hub(on loop: ManualLoop, idleTimeout: Duration?) -> SessionHub {
+        var logger = Logger(label: "t")
+        logger.logLevel = .critical
+        return SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: idleTimeout, logger: logger)
+    }
+
     /// A session like a transport's; replies are collected in `replies`.
     func session(idleTimeout: Duration? = .milliseconds(500)) -> Session {
         Session(id: 1, transport: .tcp, peer: "test", dispatcher: dispatcher, idleTimeout: idleTimeout) { [self] frame in

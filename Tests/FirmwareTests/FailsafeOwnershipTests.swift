@@ -29,9 +29,7 @@ private final class OwnershipRig {
 
     init() throws {
         board = try EmulatedBoard()
-        var logger = Logger(label: "t")
-        logger.logLevel = .critical
-        hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        hub = board.hub(on: loop, idleTimeout: nil)
         hub.onCommanderLeft = { [unowned self] session, outputs in left.append((session.transport, outputs)) }
         hub.onCentralInControl = { [unowned self] session in inControl.append(session.transport) }
     }
@@ -261,9 +259,7 @@ struct ReplyBudgetTests {
     func budget() throws {
         let board = try EmulatedBoard()
         let loop = ManualLoop()
-        var logger = Logger(label: "t")
-        logger.logLevel = .critical
-        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        let hub = board.hub(on: loop, idleTimeout: nil)
         var replies: [UInt8] = []
         let central = hub.open(transport: .mqtt, peer: "flood") { replies += $0 }
         let garbage = (0..<16_000).map { UInt8($0 % 2 == 0 ? 0x09 : 0x00) }

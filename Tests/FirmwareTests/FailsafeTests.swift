@@ -314,9 +314,7 @@ struct SessionHubTests {
     func expiry() throws {
         let board = try EmulatedBoard()
         let loop = ManualLoop()
-        var logger = Logger(label: "t")
-        logger.logLevel = .critical
-        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: .milliseconds(500), logger: logger)
+        let hub = board.hub(on: loop, idleTimeout: .milliseconds(500))
         let session = hub.open(transport: .tcp, peer: "t") { _ in }
         let t0 = loop.now
         hub.receive([0x02], for: session)
@@ -334,9 +332,7 @@ struct SessionHubTests {
     func goneIsNotInControl() throws {
         let board = try EmulatedBoard()
         let loop = ManualLoop()
-        var logger = Logger(label: "t")
-        logger.logLevel = .critical
-        let hub = SessionHub(loop: loop, dispatcher: board.dispatcher, idleTimeout: nil, logger: logger)
+        let hub = board.hub(on: loop, idleTimeout: nil)
         var inControl = 0
         var commanderGone = 0
         hub.onCentralInControl = { _ in inControl += 1 }

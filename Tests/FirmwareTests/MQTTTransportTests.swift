@@ -276,7 +276,7 @@ struct MQTTDiscoveryTests {
             }
         }
         #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"command_topic\":\"blecontrol/simulator/pulse/0/set\"") == true)
-        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"unit_of_measurement\":\"µs\"") == true)
+        #expect(configs["homeassistant/number/\(node)/servo_0/config"]?.contains("\"unit_of_measurement\":\"\u{03BC}s\"") == true)
         #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"max\":100") == true)
         #expect(configs["homeassistant/number/\(node)/pwm_5/config"]?.contains("\"unit_of_measurement\":\"%\"") == true)
         #expect(configs["homeassistant/switch/\(node)/enable_5/config"]?.contains("\"entity_category\":\"config\"") == true)

@@ -18,10 +18,13 @@ powers every adapter it sees. The script writes $BLE_READY once it holds hci1.
 
 One `PASS id: what` / `FAIL id: what: why` line per check on stdout.
 Environment: CLI (blecontrol), SOCKET (its control socket), BLE_NAME,
-BLE_HCI (default 1), BLE_READY (file to create once hci1 is held),
+BLE_HCI (default 1), BLE_OBSERVER_HCI and BLE_SPACER_HCI (a second central
+and a spacer for the two-centrals phase, unset: none), BLE_READY (file to
+create once the controllers are held),
 BLUETOOTHD_PIDFILE + BLUETOOTHD_LOG (for the restart), BLE_OUT (logs).
 """
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -38,6 +41,8 @@ from bumble.transport import open_transport  # noqa: E402
 IMPORT_SECONDS = time.monotonic() - started
 NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
 HCI = os.environ.get("BLE_HCI", "1")
+OBSERVER_HCI = os.environ.get("BLE_OBSERVER_HCI", "")
+SPACER_HCI = os.environ.get("BLE_SPACER_HCI", "")
 CLI = os.environ.get("CLI", "blecontrol")
 SOCKET = os.environ.get("SOCKET", "/run/blecontrol-vm/ble.sock")
 FFE0 = UUID.from_16_bits(0xFFE0)
@@ -347,6 +352,70 @@ async def scenario(device):
            channel(status_cli(), 1) if result else "not found, or FFE1 missing")
     await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
+
+async def two_centrals(device, observer, spacer):
+    """Two phones (issue 28): the failsafe follows the central in control
+    (docs/protocol.md, "Failsafe"). The observer (a Bumble host on hci2)
+    connects, subscribes and sends INIT and LCD text only; the commander
+    (hci1) connects while it stays, runs PWM 4 at 50 % and leaves. The
+    failsafe engages though the observer is still connected, naming the
+    commander; the observer's first command ends it and applies.
+
+    btvirt (emulator/btdev.c, 5.66 and 5.82 alike) numbers the two ends of a
+    link apart, each its controller's lowest free handle from 42, then tells
+    both hosts the central's number and forwards ACL data under the
+    sender's: a link works only where both ends got the same number. The
+    board's controller gives its second link 43, so the commander's
+    controller must hold 42 already: a link to a third Bumble host (hci3,
+    the spacer) that carries nothing. (A real controller has no such limit.)"""
+    if not record(observer is not None and spacer is not None, "m1",
+                  "Bumble hosts on hci%s (observer) and hci%s (spacer) for the two-centrals phase" % (OBSERVER_HCI, SPACER_HCI)):
+        return
+    await spacer.start_advertising(auto_restart=False)
+    spacing = await device.connect(spacer.random_address, timeout=20)
+    o_connection = None
+    try:
+        await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.5)
+        watching = await connect(observer)
+        if not record(watching is not None, "m2", "the observer on hci%s finds the board, connects, subscribes to FFE1" % OBSERVER_HCI):
+            return
+        o_connection, _, o_char, o_notifications, _ = watching
+        await o_char.write_value(bytes([0x00, 0x00, 0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), with_response=True)
+        ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("watching"))
+        record(ok, "m3", "the observer sends INIT and LCD_TEXT only -> the LCD shows 'watching'", status_cli()["lcd"]["lines"])
+        # Advertising goes on while one central is connected, or no second phone could join.
+        commanding = await connect(device)
+        if not record(commanding is not None, "m4", "while the observer stays, the commander on hci%s finds the board, connects, "
+                      "subscribes" % HCI, ble_sessions(status_cli())):
+            return
+        c_connection, _, c_char, _, _ = commanding
+        commander = "dev_" + c_connection.self_address.to_string(False).replace(":", "_")
+        await c_char.write_value(bytes([0x01, 0x02, 0x04, 0x01]), with_response=True)
+        await c_char.write_value(bytes([0x03, 0x03, 0x04, 0x01, 0xF4]), with_response=False)  # 500 -> 50 %
+        ok = await wait_for(lambda: abs(channel(status_cli(), 4).get("duty", 0) - 0.5) < 0.001)
+        sessions = ble_sessions(status_cli())
+        record(ok and len(sessions) == 2, "m5", "the commander: enable 01 02 04 01 + PWM_VAL 03 03 04 01 F4 -> channel 4 at 50 %, "
+               "two BLE sessions", (channel(status_cli(), 4), sessions))
+        await disconnect(device, c_connection)
+        ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 1)
+        record(ok, "m6", "the commander disconnects; the observer's session stays", ble_sessions(status_cli()))
+        failsafe = await wait_for(lambda: status_cli()["servo"].get("failsafe"))
+        record(failsafe is not None and failsafe.startswith("central left: ble") and commander in failsafe and "channel 4" in failsafe,
+               "m7", "the commander left while the observer stays connected -> failsafe engaged, naming it (%s) and channel 4 (%s)"
+               % (commander, failsafe), failsafe)
+        ok = await wait_for(lambda: channel(status_cli(), 4).get("duty") == 0)
+        record(ok, "m8", "failsafe: channel 4 at duty 0", channel(status_cli(), 4))
+        await o_char.write_value(bytes([0x03, 0x03, 0x04, 0x00, 0xFA]), with_response=True)  # 250 -> 25 %
+        ended = await wait_for(lambda: status_cli()["servo"].get("failsafe") is None)
+        applied = await wait_for(lambda: abs(channel(status_cli(), 4).get("duty", 0) - 0.25) < 0.001)
+        record(ended and applied, "m9", "the observer's first command (PWM_VAL 4 = 250) ends the failsafe and applies: channel 4 at 25 %",
+               (status_cli()["servo"].get("failsafe"), channel(status_cli(), 4)))
+        record(not any(n.startswith(bytes([0xFF])) for n in o_notifications), "m10", "no ERROR notification to the observer",
+               [n.hex() for n in o_notifications])
+    finally:
+        await disconnect(observer, o_connection)
+        await disconnect(device, spacing)
+        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
 def bluez_on_bus():
     out = subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
@@ -695,15 +764,24 @@ async def acknowledgements(device):
         await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
 
 
+async def open_central(stack, hci, name, address):
+    """A Bumble host on hciHCI through the HCI user channel, powered on."""
+    source, sink = await stack.enter_async_context(await open_transport("hci-socket:" + hci))
+    device = Device.with_hci(name, Address(address), source, sink)
+    await device.power_on()
+    return device
+
+
 async def main():
     say("bumble imported in %.1f s" % IMPORT_SECONDS)
-    async with await open_transport("hci-socket:" + HCI) as (source, sink):
-        device = Device.with_hci("blecontrol-vm-central", Address("F0:F1:F2:F3:F4:F5"), source, sink)
-        await device.power_on()
+    async with contextlib.AsyncExitStack() as stack:
+        device = await open_central(stack, HCI, "blecontrol-vm-central", "F0:F1:F2:F3:F4:F5")
+        observer = await open_central(stack, OBSERVER_HCI, "blecontrol-vm-observer", "F0:F1:F2:F3:F4:F6") if OBSERVER_HCI else None
+        spacer = await open_central(stack, SPACER_HCI, "blecontrol-vm-spacer", "F0:F1:F2:F3:F4:F7") if SPACER_HCI else None
         ready = os.environ.get("BLE_READY")
         if ready:
             open(ready, "w").close()
-        say("hci%s held; waiting for the daemon" % HCI)
+        say("%s held; waiting for the daemon" % ", ".join("hci" + n for n in (HCI, OBSERVER_HCI, SPACER_HCI) if n))
         phases = sys.argv[1:] or ["scenario", "restart"]
         # ble_guest.py starts the bus, bluetoothd and the daemon once hci1 is
         # held: every phase starts with them there. Bounded at 180 s (a guard
@@ -716,6 +794,8 @@ async def main():
             try:
                 if phase == "scenario":
                     await scenario(device)
+                elif phase == "two-centrals":
+                    await two_centrals(device, observer, spacer)
                 elif phase == "restart":
                     await restart_bluetoothd(device)
                 elif phase == "acquire":

@@ -1,16 +1,18 @@
 #!/usr/bin/python3
 """The BLE part of the VM tier, run by Tests/VM/guest.py in the same boot (as
 root, the host's root file system read-only, only OUT and the guest's tmpfs
-/run writable). Real kernel Bluetooth (hci_vhci), BlueZ's btvirt for two
+/run writable). Real kernel Bluetooth (hci_vhci), BlueZ's btvirt for four
 controllers on one virtual link, the system bus and the real bluetoothd
 (5.66), blecontrold (the simulator board) on hci0 and a Bumble central on
-hci1 (Tests/VM/ble_central.py). Appends `PASS id: what` / `FAIL id: what:
-why` lines to OUT/results.txt like guest.py.
+hci1, with a second one on hci2 and a spacer on hci3 for the two-centrals
+phase (Tests/VM/ble_central.py says why). Appends `PASS id: what` /
+`FAIL id: what: why` lines to OUT/results.txt like guest.py.
 
 Usage: /usr/bin/python3 ble_guest.py OUT
        (reads OUT/guest.env: REPO, DAEMON, CLI, BLE_VENV, BLE_BENCH, ...)
 
-Phases of the central: scenario, restart (bluetoothd), ack (write
+Phases of the central: scenario, two-centrals (the commander leaves, the
+observer on hci2 stays: failsafe), restart (bluetoothd), ack (write
 acknowledgements on a slow bus, both FFE1 layouts), discovery (100 scans),
 bluez-5.82 / bluez-5.66 (switch bluetoothd), phone (the iPhone-like and
 Android-like centrals), reconnect (link lost, new private address), pair
@@ -37,6 +39,9 @@ from vmrig import SYSTEM_PATH, alive, mount, read_env_file, rig, signal_pid, tai
 
 WORK = Path("/run/blecontrol-vm/ble")
 BLUETOOTHD = "/usr/libexec/bluetooth/bluetoothd"
+# btvirt's controllers: the board's, the central's, the second central's and
+# the spacer's (ble_central.py's two-centrals phase).
+CONTROLLERS = ("hci0", "hci1", "hci2", "hci3")
 
 
 def say(what: str) -> None:
@@ -93,16 +98,16 @@ class BleGuest:
 
     # --- kernel and controllers ----------------------------------------------------
     def controllers_listed(self) -> bool:
-        """Both of btvirt's controllers finished their set-up: they are in the
-        kernel's management index list (Tests/VM/mgmt_index.py)."""
+        """Every one of btvirt's controllers finished its set-up: they are in
+        the kernel's management index list (Tests/VM/mgmt_index.py)."""
         with open(self.out / "btvirt.log", "a") as log:
             listed = subprocess.run(["/usr/bin/python3", self.repo / "Tests/VM/mgmt_index.py"],
                                     stdout=subprocess.PIPE, stderr=log, text=True).stdout.split()
-        return "hci0" in listed and "hci1" in listed
+        return all(name in listed for name in CONTROLLERS)
 
     def start_controllers(self) -> bool:
         # btvirt before bluetoothd: started after it, hci0 fails its reset (-110).
-        # btvirt opens hci0, then hci1, and only then answers either: on a busy
+        # btvirt opens its controllers in turn and only then answers any: on a busy
         # machine the kernel's HCI Reset to a controller can time out meanwhile
         # ("Opcode 0x0c03 failed: -110"). Such a controller stays in sysfs but out
         # of the management interface's index list (its set-up never finished), so
@@ -116,7 +121,7 @@ class BleGuest:
         # interval as a radio does. Otherwise bookworm's, LE-only (-L): its
         # legacy advertising is reported once when scanning starts.
         btvirt = self.env.get("BTVIRT") or "btvirt"
-        args = self.env.get("BTVIRT_ARGS") or ("-l2" if self.env.get("BTVIRT") else "-L -l2")
+        args = self.env.get("BTVIRT_ARGS") or (f"-l{len(CONTROLLERS)}" if self.env.get("BTVIRT") else f"-L -l{len(CONTROLLERS)}")
         bluetooth = Path("/sys/class/bluetooth")
         process: "subprocess.Popen | None" = None
         attempt = 0
@@ -130,7 +135,7 @@ class BleGuest:
                 log.write(f"== btvirt, attempt {attempt}\n")
                 log.flush()
                 process = subprocess.Popen([btvirt, *args.split()], stdout=log, stderr=subprocess.STDOUT)
-            rig.wait_until(lambda: (bluetooth / "hci0").exists() and (bluetooth / "hci1").exists(), interval=0.1)
+            rig.wait_until(lambda: all((bluetooth / name).exists() for name in CONTROLLERS), interval=0.1)
             # A set-up that works takes a few HCI commands; one that fails waits out
             # the kernel's command timeout first; a slow one on a busy host is
             # given a minute before it counts as failed.
@@ -139,16 +144,16 @@ class BleGuest:
                 break
         self.pids.append(process.pid)
         if listed:
-            self.results.passes("ble-setup", f"hci_vhci + btvirt {args} ({btvirt}): hci0 and hci1 on one virtual link, "
-                                f"both in the management index list (btvirt attempt {attempt})")
+            self.results.passes("ble-setup", f"hci_vhci + btvirt {args} ({btvirt}): {', '.join(CONTROLLERS)} on one virtual link, "
+                                f"all in the management index list (btvirt attempt {attempt})")
             return True
         index = rig.run(["/usr/bin/python3", self.repo / "Tests/VM/mgmt_index.py"], check=False, capture=True)
         controllers = " ".join(sorted(p.name for p in bluetooth.iterdir())) if bluetooth.is_dir() else "none"
-        self.results.fails("ble-setup", "hci_vhci + btvirt: hci0 and hci1 set up",
+        self.results.fails("ble-setup", f"hci_vhci + btvirt: {', '.join(CONTROLLERS)} set up",
                            f"controllers: {controllers}; index list: {index.stdout} {index.stderr}")
         return False
 
-    # --- the central takes hci1 first (user channel needs it never powered) --------
+    # --- Bumble takes hci1-hci3 first (the user channel needs them never powered) --
     def central_environment(self) -> tuple[dict[str, str], list[str]]:
         """What ble_central.py (and ble_bench.py, phone_links.py) read, and its phases."""
         env, repo = self.env, self.repo
@@ -181,7 +186,7 @@ class BleGuest:
         central_env = {
             **os.environ,
             "CLI": self.cli_bin, "SOCKET": self.socket, "BLE_OUT": str(self.out),
-            "BLE_READY": str(WORK / "central-ready"), "BLE_HCI": "1",
+            "BLE_READY": str(WORK / "central-ready"), "BLE_HCI": "1", "BLE_OBSERVER_HCI": "2", "BLE_SPACER_HCI": "3",
             "BLUETOOTHD_PIDFILE": str(self.bluetoothd_pidfile), "BLUETOOTHD_LOG": str(self.out / "bluetoothd.log"),
             "DAEMON": self.daemon_bin, "DAEMON_PIDFILE": str(self.daemon_pidfile), "BOARD_ACQUIRE": acquire,
             "BOARD_SLOW": str(board_slow), "BOARD_SLOW_STRICT": str(board_slow_strict),
@@ -191,7 +196,7 @@ class BleGuest:
             "BOARD_BASE": str(simulator), "BLE_WORK": str(WORK),
             "BLE_PEER": peer, "TRIXIE_ROOT": trixie,
         }
-        phases = ["scenario", "discovery", "restart", "ack", "phone", "reconnect", "pair"]
+        phases = ["scenario", "two-centrals", "discovery", "restart", "ack", "phone", "reconnect", "pair"]
         if bench == "1":
             phases += ["bench-writevalue", "bench-phone"]
         if acquire:
@@ -220,10 +225,10 @@ class BleGuest:
         self.pids.append(central.pid)
         rig.wait_until(lambda: ready.is_file() or central.poll() is not None, interval=0.1)
         if not ready.is_file():
-            self.results.fails("ble-central", "Bumble central holds hci1 (HCI user channel)",
+            self.results.fails("ble-central", "Bumble hosts hold hci1, hci2 and hci3 (HCI user channel)",
                                tail(self.out / "ble-central.log"))
             return None
-        self.results.passes("ble-central", "Bumble central holds hci1 through the HCI user channel "
+        self.results.passes("ble-central", "Bumble hosts hold hci1, hci2 and hci3 through the HCI user channel "
                             f"({int(time.monotonic() - started)} s, most of it importing Bumble)")
         return central
 

@@ -16,10 +16,22 @@ bluetoothd that Chromium trips over are filled at run time.
    startNotifications() failed with NotSupportedError. Each mirrored
    characteristic that notifies or indicates gets one; Chromium never
    reads or writes it on BlueZ (StartNotify does the work).
+3. BlueZoo reports a device it already knows without a signal: a second
+   scan finds the board again and says nothing. bluetoothd updates the
+   device's RSSI with every advertisement it hears while discovering, and
+   that is what puts an already-known device in Chromium's chooser: after
+   the page disconnected, Connect never listed the board again. Each scan
+   that finds a known, unconnected device now changes its RSSI (by one
+   dBm, back and forth), as an advertisement heard again would.
+4. BlueZoo leaves a disconnected device's GATT objects on the bus and
+   exports them again on the next Connect, which sd-bus refuses: the second
+   connection failed ("Unknown error when connecting"). bluetoothd, for a
+   device that is not bonded, drops them on disconnect and sets
+   ServicesResolved false; so does this.
 """
 import sys
 
-from bluezoo import bluezoo, device
+from bluezoo import adapter, bluezoo, device
 from bluezoo.gatt import GattCharacteristicClientLink, GattDescriptorClientLink
 
 LE_GENERAL_DISCOVERABLE_NO_BREDR = b"\x06"
@@ -75,6 +87,34 @@ def _export_object_with_ccc(self, path, obj):
 
 
 bluezoo.BluezMockService.export_object = _export_object_with_ccc
+
+_add_device = adapter.Adapter.add_device
+
+
+async def _add_device_heard_again(self, found):
+    # (add_device attaches `found` to this adapter, which gives its path.)
+    known = self.devices.get("%s/dev_%s" % (self.get_object_path(), found.address.replace(":", "_")))
+    await _add_device(self, found)
+    if known is not None and not known.connected:
+        known.rssi = -50 if known.rssi != -50 else -51
+        known.properties_changed.emit(("org.bluez.Device1", {"RSSI": ("n", known.rssi)}, []))
+
+
+adapter.Adapter.add_device = _add_device_heard_again
+
+_disconnect = device.Device.disconnect
+
+
+async def _disconnect_forgetting_services(self, uuid=None):
+    await _disconnect(self, uuid)
+    for link in list(self.services.values()):
+        self.peer_adapter.mock.remove_object(link)
+    self.services.clear()
+    if self.services_resolved:
+        await self.ServicesResolved.set_async(False)
+
+
+device.Device.disconnect = _disconnect_forgetting_services
 
 if __name__ == "__main__":
     sys.argv[0] = "bluezoo"

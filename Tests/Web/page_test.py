@@ -10,15 +10,19 @@ Checked: what the emulated board did (`blecontrol status --json`), every
 byte Chromium wrote and its write type (a D-Bus monitor, see monitor.py)
 against the page's own log and against docs/protocol.md, the ERROR
 notification for a switch the board lacks, coalescing of a slider burst,
-no script errors, which origins get Web Bluetooth (file://, an
-insecure http:// host, the same host once trusted), and that a page from
-another site cannot drive the board through its TCP port (a fetch POST
-with frames in its body). Screenshots go to the shots directory, at phone
-and desktop widths.
+no script errors, the board file's names on the labels (as text; only for
+the board they belong to: the same page served with no daemon, or with
+another board's, keeps the numbers), which origins get Web Bluetooth
+(file://, an insecure http:// host, the same host once trusted), and that
+a page from another site cannot drive the board through its TCP port (a
+fetch POST with frames in its body). Screenshots go to the shots
+directory, at phone and desktop widths.
 
 Usage: page_test.py URL SHOTS_DIR MONITOR_FILE WEB_DIR PROFILE_DIR LOG TLS_PORT
 Environment: BLECONTROL_BIN, BLECONTROL_SOCKET, DBUS_SYSTEM_BUS_ADDRESS,
-CHROMIUM (default chromium). Prints PASS/FAIL lines; exit status 1 on any
+WEB_URL_NO_DAEMON and WEB_URL_OTHER_BOARD (the page from `blecontrol web`
+with no daemon, and with the daemon of a board named "other"), CHROMIUM
+(default chromium). Prints PASS/FAIL lines; exit status 1 on any
 failure. Waits are hang guards only; nothing asserts a duration.
 """
 import base64
@@ -264,6 +268,45 @@ def problems(browser, since=0):
     return found
 
 
+# The labels of the outputs the page has, by selector: what they say
+# without names, and with the test board's (Tests/Web/run names channels 0
+# and 5, switches 0 and 2, and both LCD lines).
+LABELS = {
+    "label[for=servo0]": ("Channel 0", "Channel 0 · steering"),
+    "label[for=servo1]": ("Channel 1", "Channel 1"),
+    "label[for=pwm4]": ("Channel 4", "Channel 4"),
+    "label[for=pwm5]": ("Channel 5", "Channel 5 · Fan ⚙"),
+    "#switch0 + span": ("Switch 0", "Switch 0 · headlights"),
+    "#switch1 + span": ("Switch 1", "Switch 1"),
+    "#switch2 + span": ("Switch 2", "Switch 2 · <b>horn</b>"),
+    "label[for=lcd0]": ("Top line (0)", "Top line (0) · Speed"),
+    "label[for=lcd1]": ("Bottom line (1)", "Bottom line (1) · Status"),
+}
+PLAIN = {selector: texts[0] for selector, texts in LABELS.items()}
+NAMED = {selector: texts[1] for selector, texts in LABELS.items()}
+LABEL_TEXTS = "Object.fromEntries(%s.map((s) => [s, document.querySelector(s).textContent]))" % json.dumps(list(LABELS))
+
+
+def connect(browser, page):
+    """Connect as a person does: a real click (requestDevice needs the
+    user's gesture), then the board picked in the chooser (through
+    DevTools). The chooser's devices once connected, else None."""
+    since = len(browser.history)
+    page.click("#connect")
+    prompt = browser.wait_event(lambda e: e.get("method") == "DeviceAccess.deviceRequestPrompted"
+                                and any(d["name"] == NAME for d in e["params"]["devices"]), since)
+    if not check(prompt is not None, "the chooser lists the board (filter: service FFE0)",
+                 [e["params"] for e in browser.history[since:] if e.get("method") == "DeviceAccess.deviceRequestPrompted"]):
+        return None
+    devices = prompt["params"]["devices"]
+    page.send("DeviceAccess.selectPrompt", {"id": prompt["params"]["id"], "deviceId": next(d["id"] for d in devices if d["name"] == NAME)})
+    state = page.wait("document.body.dataset.state === 'connected'")
+    if not check(state, "connected", page.eval("document.getElementById('status').textContent")):
+        print("page log:", page.eval("document.getElementById('log').innerText"), file=sys.stderr)
+        return None
+    return devices
+
+
 def session(browser, page):
     page.viewport(390, 844, True)
     page.navigate(URL)
@@ -272,23 +315,13 @@ def session(browser, page):
     check(page.state() == "disconnected" and page.eval("document.getElementById('servos').disabled") is True,
           "before connecting: state disconnected, controls disabled", page.state())
     check(page.eval("document.getElementById('unsupported').hidden") is True, "no 'unsupported' notice: Chromium finds the (BlueZoo) adapter")
+    check(page.eval(LABEL_TEXTS) == PLAIN, "before connecting the labels are the numbers alone", page.eval(LABEL_TEXTS))
     page.screenshot("phone-disconnected.png")
 
-    # Connect: a real click (requestDevice needs the user's gesture), then the
-    # chooser, answered through DevTools as a person would pick the board.
-    page.click("#connect")
-    prompt = browser.wait_event(lambda e: e.get("method") == "DeviceAccess.deviceRequestPrompted"
-                                and any(d["name"] == NAME for d in e["params"]["devices"]))
-    if not check(prompt is not None, "the chooser lists the board (filter: service FFE0)",
-                 [e["params"] for e in browser.history if e.get("method") == "DeviceAccess.deviceRequestPrompted"]):
+    devices = connect(browser, page)
+    if devices is None:
         return
-    devices = prompt["params"]["devices"]
     check([d["name"] for d in devices] == [NAME], "the chooser lists only the board", devices)
-    page.send("DeviceAccess.selectPrompt", {"id": prompt["params"]["id"], "deviceId": devices[0]["id"]})
-    state = page.wait("document.body.dataset.state === 'connected'")
-    if not check(state, "connected", page.eval("document.getElementById('status').textContent")):
-        print("page log:", page.eval("document.getElementById('log').innerText"), file=sys.stderr)
-        return
     check(NAME in page.eval("document.getElementById('status').textContent"), "the status line names the board")
     report = wait_status(lambda r: all(channel(r, c).get("enabled") for c in range(8)) and len(ble_sessions(r)) == 1)
     check(report is not None, "on connect the page enabled channels 0–7 (ANALOG_OUT_EN, as the app does) over one BLE session",
@@ -296,6 +329,17 @@ def session(browser, page):
     page.wait("document.getElementById('board').textContent !== ''")
     check("simulator" in page.eval("document.getElementById('board').textContent"),
           "Device Information read: the board's model shown", page.eval("document.getElementById('board').textContent"))
+
+    # The board file's names, from blecontrol web's /board.json: after the
+    # number, as text (the markup in switch 2's name is shown, not obeyed).
+    # (showNames sets every label at once.)
+    page.wait("document.querySelector('label[for=servo0]').textContent !== 'Channel 0'")
+    check(page.eval(LABEL_TEXTS) == NAMED, "connected: the labels carry the board file's names after the numbers (Channel 0 · steering, Switch 2 · <b>horn</b> as text, Top line (0) · Speed)",
+          page.eval(LABEL_TEXTS))
+    check(page.eval("document.querySelectorAll('main b, main script').length") == 0, "…set as text: no element made of a name")
+    check(page.eval("document.querySelector('label[for=servo0] bdi').textContent") == "steering", "…each name in an isolating <bdi>")
+    check("output names from simulator" in page.eval("Array.from(document.querySelectorAll('#log li.info'), (li) => li.textContent).join('|')"),
+          "…and the log says where they came from")
 
     # A burst of 50 slider moves in one go: the first write goes out, every
     # later move folds into one more write with the latest values.
@@ -332,6 +376,9 @@ def session(browser, page):
     # Switches by clicking them; this board has no switch 3.
     for index in (0, 2, 3):
         page.click("#switch%d" % index)
+    # Its ERROR puts a banner above the cards: once it is there, the layout
+    # no longer moves under the next clicks.
+    page.wait("!document.getElementById('alert').hidden")
 
     # Both LCD lines: typed, sent with Enter and with the Show button.
     page.click("#lcd0")
@@ -399,7 +446,8 @@ def session(browser, page):
     report = wait_status(lambda r: not ble_sessions(r) and all(not channel(r, c).get("enabled") for c in range(8)))
     check(report is not None, "the board: channels 0–7 stopped and the BLE session gone", ble_sessions(status()))
     failsafe = status()["servo"].get("failsafe")
-    check(failsafe is not None and "disconnected" in failsafe, "the board's failsafe engaged when the page left", failsafe)
+    check(failsafe is not None and failsafe.startswith("central left: ble"), "the board's failsafe engaged when the page left", failsafe)
+    check(page.eval(LABEL_TEXTS) == PLAIN, "disconnected: the labels are the numbers alone again", page.eval(LABEL_TEXTS))
     page.viewport(1280, 800, False)
     page.eval("window.scrollTo(0, 0)")
     page.screenshot("desktop-disconnected.png")
@@ -448,6 +496,33 @@ def session(browser, page):
     lcd = [d for d, _ in browser_writes if d[0] in (0x04, 0x05)]
     check(lcd[:2] == [bytes([4, 12, 0]) + b"BLEControl" + b"\0", bytes([4, 10, 1]) + b"Demo app" + b"\0"] and lcd[-1] == bytes([5, 0]),
           "LCD_TEXT for both lines (length = bytes + 2, ending 00) and LCD_CLEAR", [d.hex() for d in lcd])
+
+
+def names_elsewhere(browser, page, url, what, log_says):
+    """The page from a server that cannot vouch for this board's names:
+    connected, the labels stay numbers, the page raises no alarm (no
+    alert, no error, nothing in the console), and its log says `log_says`
+    (None: nothing about names)."""
+    since = len(browser.history)
+    page.viewport(390, 844, True)
+    page.navigate(url)
+    if connect(browser, page) is None:
+        return
+    page.wait("document.getElementById('board').textContent !== ''")
+    info = "Array.from(document.querySelectorAll('#log li.info'), (li) => li.textContent).join('|')"
+    if log_says:
+        page.wait("%s.includes(%s)" % (info, json.dumps(log_says)))
+    else:
+        # The answer to board.json, whatever it was, has come and gone.
+        page.wait("performance.getEntriesByType('resource').some((e) => e.name.endsWith('/board.json') && e.responseEnd > 0)")
+    check(page.eval(LABEL_TEXTS) == PLAIN, what + ": connected, the labels are the numbers alone", page.eval(LABEL_TEXTS))
+    said = page.eval(info)
+    check((log_says in said) if log_says else ("names" not in said), what + ": " + ("the log says why: " + log_says if log_says else "the page says nothing about names"), said)
+    check(page.eval("document.getElementById('alert').hidden") is True and not problems(browser, since),
+          what + ": no alert, no script error, nothing in the console", problems(browser, since))
+    page.click("#connect")
+    page.wait("document.body.dataset.state === 'disconnected'")
+    wait_status(lambda r: not ble_sessions(r))
 
 
 def chooser_opens(browser, page):
@@ -563,6 +638,9 @@ def main():
         browser.pump()
         found = problems(browser)
         check(not found, "no script errors, failed loads or CSP violations while the page ran", found)
+        names_elsewhere(browser, page, os.environ["WEB_URL_NO_DAEMON"], "served with no daemon to ask", None)
+        names_elsewhere(browser, page, os.environ["WEB_URL_OTHER_BOARD"], "served with another board's daemon",
+                        "the names of other (the board where this page came from) are not shown: this board is simulator")
         origins(browser, page)
         web_page_on_tcp(page)
     except Exception as error:  # noqa: BLE001

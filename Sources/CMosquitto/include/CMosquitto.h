@@ -61,6 +61,7 @@ struct bc_mosquitto_api {
     void (*connect_callback_set)(struct mosquitto *mosq, void (*on_connect)(struct mosquitto *, void *, int));
     void (*disconnect_callback_set)(struct mosquitto *mosq, void (*on_disconnect)(struct mosquitto *, void *, int));
     void (*message_callback_set)(struct mosquitto *mosq, void (*on_message)(struct mosquitto *, void *, const struct mosquitto_message *));
+    void (*subscribe_callback_set)(struct mosquitto *mosq, void (*on_subscribe)(struct mosquitto *, void *, int mid, int qos_count, const int *granted_qos));
     const char *(*strerror)(int mosq_errno);
     const char *(*reason_string)(int reason_code);
     int (*connect_bind_v5)(struct mosquitto *mosq, const char *host, int port, int keepalive, const char *bind_address, const void *properties);

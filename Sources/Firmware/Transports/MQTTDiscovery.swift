@@ -109,7 +109,9 @@ public struct MQTTDiscovery: Sendable, Equatable {
                     ("command_topic", .string("\(topics.base)/pulse/\(number)/set")),
                     ("state_topic", .string(topics.status)),
                     ("value_template", .string(find("channels", "channel", number, "c.get('setpoint_us') if c.get('setpoint_us') is not none else 'None'", missing: "'None'"))),
-                    ("unit_of_measurement", .string("µs")),
+                    // Home Assistant's own spelling (UnitOfTime.MICROSECONDS,
+                    // GREEK SMALL LETTER MU): it rewrites the micro sign to it.
+                    ("unit_of_measurement", .string("\u{03BC}s")),
                     ("min", .number(decimal(low))), ("max", .number(decimal(high))), ("step", .number("1")),
                     ("mode", .string("slider")),
                 ]))

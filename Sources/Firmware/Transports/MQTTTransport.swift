@@ -33,8 +33,12 @@ public final class MQTTTransport: @unchecked Sendable {
     private var session: Session?
     private var running = false
     private var refusedReason: String?
+    /// SUBSCRIBEs of this connection not acknowledged yet.
+    private var pendingSubscriptions: Set<Int32> = []
     private var lastStatus: [UInt8]?
     private var lastStatusAt: ContinuousClock.Instant?
+    /// What `…/failsafe` says now (published when it changes).
+    private var lastFailsafe: String?
     /// Until when the status is looked at again (``statusMayHaveChanged()``).
     private var settleUntil: ContinuousClock.Instant?
     /// The board's channels (for `…/pulse/N/set`) and what discovery says of the hardware.
@@ -113,6 +117,10 @@ public final class MQTTTransport: @unchecked Sendable {
             client.onDisconnect = { [weak self] code in self?.disconnected(code: code) }
             client.onMessage = { [weak self] topic, payload, retained in self?.received(topic, payload, retained: retained) }
             client.onOversize = { [weak self] topic, size in self?.oversize(topic, size) }
+            client.onSubscribed = { [weak self] mid in
+                guard let self, self.pendingSubscriptions.remove(mid) != nil, self.pendingSubscriptions.isEmpty else { return }
+                self.subscribed()
+            }
             self.client = client
         } catch {
             state = error.description
@@ -197,21 +205,31 @@ public final class MQTTTransport: @unchecked Sendable {
             guard let self else { return }
             self.client?.publish(self.topics.errors, bytes)
         }
+        pendingSubscriptions = []
         do {
             for filter in [topics.frames, topics.setFilter] {
                 // QoS 0: a servo command is worth only its newest value, and a
                 // redelivered old one (QoS 1 after a reconnect) would move an
                 // output backwards; TCP keeps one publisher's messages in order.
-                try client.subscribe(filter, options: MQTTClient.noRetainedNoLocal)
+                pendingSubscriptions.insert(try client.subscribe(filter, options: MQTTClient.noRetainedNoLocal))
             }
             if let discovery {
                 // Retained ones wanted here: this node's configs from an
                 // earlier run, so the entities of removed outputs can go.
-                try client.subscribe(MQTTDiscovery.filter(prefix: configuration.discoveryPrefix, node: discovery.node))
+                pendingSubscriptions.insert(try client.subscribe(MQTTDiscovery.filter(prefix: configuration.discoveryPrefix, node: discovery.node)))
             }
         } catch {
             logger.error("MQTT: \(error)")
         }
+        state = "subscribing at \(endpointText)"
+        if pendingSubscriptions.isEmpty { subscribed() }
+    }
+
+    /// Every subscription acknowledged (SUBACK): only now can a command
+    /// published by someone else reach the board, so only now does it say
+    /// `online`, and status says connected.
+    private func subscribed() {
+        guard let client, session != nil else { return }
         client.publish(topics.availability, Array("online".utf8), qos: 1, retain: true)
         // The status before the configs: an entity reads it as it subscribes.
         lastStatus = nil
@@ -355,7 +373,11 @@ public final class MQTTTransport: @unchecked Sendable {
         settleUntil = now + settleWindow
         guard let bytes = try? JSONEncoderLite().encode(status) else { return }
         client.publish(topics.status, bytes, retain: true)
-        client.publish(topics.failsafe, Array((status.servo?.failsafe == nil ? "OFF" : "ON").utf8), retain: true)
+        let failsafe = status.servo?.failsafe == nil ? "OFF" : "ON"
+        if force || failsafe != lastFailsafe {
+            client.publish(topics.failsafe, Array(failsafe.utf8), retain: true)
+            lastFailsafe = failsafe
+        }
     }
 
     /// What a user sees in a status: the outputs, the display, the failsafe,

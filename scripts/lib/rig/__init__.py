@@ -292,6 +292,25 @@ def private_apt(directory: "str | os.PathLike[str]", native: str, architectures:
     return {**os.environ, "APT_CONFIG": str(Path(directory) / "apt.conf")}
 
 
+def candidate_versions(env: dict[str, str], packages: Iterable[str]) -> "str | None":
+    """`package version` lines, the candidate of each package in the
+    archive that env's apt configuration reads (private_apt): what keys a
+    cached root. None when one has no candidate."""
+    names = list(packages)
+    policy = run(["apt-cache", "policy", *names], capture=True, check=False, env=env).stdout
+    found: dict[str, str] = {}
+    name = ""
+    for line in policy.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            name = line[:-1]
+        fields = line.split()
+        if fields[:1] == ["Candidate:"] and len(fields) > 1 and fields[1] != "(none)":
+            found[name] = fields[1]
+    if any(name not in found for name in names):
+        return None
+    return "".join(f"{name} {found[name]}\n" for name in names)
+
+
 # --- Checks ----------------------------------------------------------------------
 
 class Results:
