@@ -103,7 +103,7 @@ struct MemoryTests {
             _ = try daemon.waitFor("servo 0 at 1500 µs and the LCD's text") { status in
                 let channels = status["channels"] as? [[String: Any]]
                 let lcd = status["lcd"] as? [String: Any]
-                return (channels?.first?["pulse_us"] as? Double) == 1500 && ((lcd?["lines"] as? [String])?.first ?? "").hasPrefix("hi")
+                return (channels?.first?["setpoint_us"] as? Double) == 1500 && (channels?.first?["pulse_us"] as? Double ?? 0) > 1490 && ((lcd?["lines"] as? [String])?.first ?? "").hasPrefix("hi")
             }
         }
         let mappings = Self.mappings(daemon.process.processIdentifier)
