@@ -618,7 +618,13 @@ bond() {
     secure_board || return 1
     busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le
     busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery
-    until_true 240 busctl introspect org.bluez "$(device_path hci1 "$board")" || { echo "hci1 never saw the board"; return 1; }
+    # A property of the board's Device1, not `busctl introspect`: libdbus
+    # answers Introspect for any path, one that names no object too, so
+    # that "wait" ended at once and Pair then went to a device hci1 had not
+    # yet found ("Method Pair ... doesn't exist"), whenever discovery was
+    # slower than the calls between.
+    until_true 240 device_prop hci1 "$board" Address \
+        || { echo "hci1 never saw the board $board; it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
     # Discovery stays on until the pairing is done: stopping it removes the
     # devices it found that are neither connected nor paired (bluetoothd's
     # temporary devices), this one with them.
