@@ -730,6 +730,28 @@ else
 fi
 
 # --- (w) the watchdog chain ---------------------------------------------------------------
+# Until here the test copy ran with the test's ten-minute watchdog
+# (TEST_WATCHDOG_CONF, test-watchdog.conf says why). The image's own
+# setting is put back in force the way systemd reads it: the test's file
+# taken away, the configuration read again by a daemon-reload (its
+# generators are the slow part, so a runtime override holds the long
+# timeout meanwhile), then the override dropped (USEC_INFINITY), and
+# systemd arms watchdog0 with what it read from the image's file alone.
+manager_watchdog() { # USEC: systemd's runtime override of RuntimeWatchdogSec
+    busctl set-property org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager RuntimeWatchdogUSec t "$1"
+}
+image_watchdog() {
+    [ -f "$TEST_WATCHDOG_CONF" ] || { echo "no $TEST_WATCHDOG_CONF in the test copy"; return 1; }
+    manager_watchdog $((10 * 60 * 1000000)) || return 1
+    mv "$TEST_WATCHDOG_CONF" "$work/test-watchdog.conf" || return 1
+    systemctl daemon-reload || return 1
+    manager_watchdog 18446744073709551615
+}
+test_watchdog_back() { # for the boots after this one (the file only: this boot keeps 15 s)
+    [ ! -f "$work/test-watchdog.conf" ] || mv "$work/test-watchdog.conf" "$TEST_WATCHDOG_CONF"
+}
+info "watchdog during the checks above (the test's): RuntimeWatchdogUSec $(systemctl show -P RuntimeWatchdogUSec), watchdog0 $(cat /sys/class/watchdog/watchdog0/state 2>&1), $(cat /sys/class/watchdog/watchdog0/timeout 2>&1) s"
+check w0 "the image's watchdog setting back in force: the test's drop-in away, systemd's configuration read again" image_watchdog
 armed() {
     local dev=/sys/class/watchdog/watchdog0
     [ "$(systemctl show -P RuntimeWatchdogUSec)" = 15s ] || { echo "RuntimeWatchdogUSec $(systemctl show -P RuntimeWatchdogUSec)"; return 1; }
@@ -754,6 +776,7 @@ doctor_system() {
     done
 }
 check d1 "blecontrol doctor on the image: the watchdog armed, the boot-time all-off enabled, the journal's limit, the file systems; no warning" doctor_system
+test_watchdog_back
 # A panic with kernel.panic = 0 (Debian's) halts for good: only the
 # hardware watchdog can reset it. Outputs live when it hangs: what the
 # chip holds through the reset is saved for setup.sh to put back.
