@@ -577,6 +577,89 @@ else
     fi
 fi
 
+# --- (m) MQTT under the shipped unit: a broker on the network ---------------------------------
+# The host's Mosquitto (Tests/Image/run, section m) is 10.0.2.2:BROKER_PORT
+# here, QEMU's gateway: an address on the guest's network, not loopback,
+# as a broker on a LAN is to a board. libmosquitto1 ships in the image
+# (image/packages), the board file given
+# transports.mqtt, the daemon restarted under the shipped unit: the broker
+# must be reached by address, by a name in /etc/hosts and by a name only
+# systemd-resolved answers (_gateway, through the sandbox's
+# /etc/resolv.conf and resolved's stub or socket). The host checks the
+# board's `online` on the broker itself. Then the old unit's IP filter
+# (IPAddressDeny=any, IPAddressAllow=localhost) in a runtime drop-in: the
+# same broker is then unreachable, which shows the broker is outside what
+# that filter allowed (the checks above would have failed with it).
+restart_daemon() {
+    systemctl reset-failed blecontrold.service
+    systemctl restart blecontrold.service && until_true 600 is_active
+}
+mqtt_state() { blecontrol status --json 2>/dev/null | tr -d '\n' | sed -n 's/.*"mqtt" *: *"\([^"]*\)".*/\1/p'; }
+mqtt_connected() { # PREFIX
+    case $(mqtt_state) in "connected to "*" as $1/"*) return 0 ;; *) return 1 ;; esac
+}
+mqtt_board() { # BROKER PREFIX: the board file before section m, with transports.mqtt
+    awk -v broker="$1" -v prefix="$2" '
+        { print }
+        /^transports:/ { print "  mqtt:"; print "    broker: \"" broker "\""; print "    topic_prefix: " prefix; print "    discovery: false" }
+    ' "$work/board.before-mqtt" >"$work/board.mqtt"
+    grep -q '^  mqtt:' "$work/board.mqtt" || printf 'transports:\n  mqtt:\n    broker: "%s"\n    topic_prefix: %s\n    discovery: false\n' "$1" "$2" >>"$work/board.mqtt"
+    replace_board "$work/board.mqtt"
+}
+broker_reached() { # BROKER PREFIX
+    mqtt_board "$1" "$2" || return 1
+    restart_daemon || { echo "blecontrold $(prop ActiveState) after the restart"; return 1; }
+    until_true 240 mqtt_connected "$2" \
+        || { echo "MQTT: $(mqtt_state); $(journalctl -u blecontrold.service -b -q -o cat | grep 'MQTT' | tail -n 2 | tr '\n' '|')"; return 1; }
+}
+if [ -n "${BROKER_PORT:-}" ]; then
+    cp /etc/blecontrol/board.yaml "$work/board.before-mqtt"
+    check m1 "libmosquitto1 ships in the image: MQTT works from the first boot, without Internet" \
+        sh -c "ldconfig -p | grep -q 'libmosquitto.so.1 '"
+    check m2 "blecontrold.service reaches a broker at a network address (10.0.2.2:$BROKER_PORT): connected" \
+        broker_reached "10.0.2.2:$BROKER_PORT" img-address
+    cp /etc/hosts "$work/hosts.before-mqtt"
+    printf '10.0.2.2\tmqtt-broker.test\n' >>/etc/hosts
+    check m3 "blecontrold.service reaches the broker by a name from /etc/hosts (mqtt-broker.test): connected" \
+        broker_reached "mqtt-broker.test:$BROKER_PORT" img-hosts
+    cp "$work/hosts.before-mqtt" /etc/hosts
+    info "name service: $(grep '^hosts:' /etc/nsswitch.conf | tr -s ' \t' ' '); /etc/resolv.conf -> $(readlink -f /etc/resolv.conf); resolvectl query _gateway: $(resolvectl query _gateway 2>&1 | head -n 1)"
+    check m4 "blecontrold.service reaches the broker by a name systemd-resolved answers (_gateway): connected" \
+        broker_reached "_gateway:$BROKER_PORT" img-resolved
+    # The old unit's filter. Its drop on the SYN is silent (TCP retries
+    # until it gives up): one retry makes the failure come in seconds.
+    ip_filtered() {
+        local at syn_retries reason
+        syn_retries=$(sysctl -n net.ipv4.tcp_syn_retries)
+        mkdir -p /run/systemd/system/blecontrold.service.d
+        printf '[Service]\nIPAddressDeny=any\nIPAddressAllow=localhost\n' >/run/systemd/system/blecontrold.service.d/ip-filter.conf
+        systemctl daemon-reload
+        sysctl -q -w net.ipv4.tcp_syn_retries=1
+        at=$(cursor)
+        mqtt_board "10.0.2.2:$BROKER_PORT" img-filtered && restart_daemon
+        until_true 600 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'MQTT: .*10.0.2.2.*retrying in'"
+        reason=$(journalctl -u blecontrold.service --after-cursor="$at" -q -o cat | grep 'MQTT: .*10.0.2.2.*retrying in' | head -n 1)
+        local state
+        state=$(mqtt_state)
+        rm -f /run/systemd/system/blecontrold.service.d/ip-filter.conf
+        rmdir /run/systemd/system/blecontrold.service.d
+        systemctl daemon-reload
+        sysctl -q -w net.ipv4.tcp_syn_retries="$syn_retries"
+        echo "$reason"
+        [ -n "$reason" ] || { echo "no MQTT failure for 10.0.2.2 in the journal; state: $state"; return 1; }
+        case $state in "connected to "*) echo "connected through the filter: $state"; return 1 ;; esac
+    }
+    check m5 "control: with the old unit's IPAddressDeny=any + IPAddressAllow=localhost (a runtime drop-in), the same broker is unreachable" ip_filtered
+    info "m5: $(head -n 1 "$work/why")"
+    mqtt_done() {
+        replace_board "$work/board.before-mqtt" && restart_daemon || { echo "blecontrold $(prop ActiveState)"; return 1; }
+        [ "$(prop DropInPaths)" = /etc/systemd/system/blecontrold.service.d/test.conf ] || { echo "drop-ins: $(prop DropInPaths)"; return 1; }
+    }
+    check m6 "back to the board file before section m, the unit without the drop-in: blecontrold active" mqtt_done
+else
+    fail m "MQTT checks" "no broker port or no libmosquitto1 package in the test copy"
+fi
+
 # --- (b) BLE: the real bluetoothd on btvirt's controllers ------------------------------------
 advertising_logged() { journalctl -u blecontrold.service -b -q -o cat | grep -q 'BLE: advertising as BLEControl on hci0 (GATT application and advertisement registered)'; }
 check b1 "bluetoothd active, hci0 from btvirt" sh -c 'systemctl is-active bluetooth.service && [ -e /sys/class/bluetooth/hci0 ]'
@@ -646,88 +729,6 @@ bond() {
     printf 'BOARD=%s\nCENTRAL=%s\nKEY=%s\n' "$board" "$central" "$(bond_key "$board" "$central")" >"$state/bond"
 }
 check k1 "hci1 pairs with the board (ble.security: encrypted, just works), both sides bonded, its write over the air moves servo 0" bond
-
-# --- (m) MQTT under the shipped unit: a broker on the network ---------------------------------
-# The host's Mosquitto (Tests/Image/run, section m) is 10.0.2.2:BROKER_PORT
-# here, QEMU's gateway: an address on the guest's network, not loopback,
-# as a broker on a LAN is to a board. libmosquitto1 ships in the image
-# (image/packages), the board file given
-# transports.mqtt, the daemon restarted under the shipped unit: the broker
-# must be reached by address, by a name in /etc/hosts and by a name only
-# systemd-resolved answers (_gateway, through the sandbox's
-# /etc/resolv.conf and resolved's stub or socket). The host checks the
-# board's `online` on the broker itself. Then the old unit's IP filter
-# (IPAddressDeny=any, IPAddressAllow=localhost) in a runtime drop-in: the
-# same broker is then unreachable, which shows the broker is outside what
-# that filter allowed (the checks above would have failed with it).
-restart_daemon() {
-    systemctl reset-failed blecontrold.service
-    systemctl restart blecontrold.service && until_true 600 is_active
-}
-mqtt_state() { blecontrol status --json 2>/dev/null | tr -d '\n' | sed -n 's/.*"mqtt" *: *"\([^"]*\)".*/\1/p'; }
-mqtt_connected() { # PREFIX
-    case $(mqtt_state) in "connected to "*" as $1/"*) return 0 ;; *) return 1 ;; esac
-}
-mqtt_board() { # BROKER PREFIX: the board file before section m, with transports.mqtt
-    awk -v broker="$1" -v prefix="$2" '
-        { print }
-        /^transports:/ { print "  mqtt:"; print "    broker: \"" broker "\""; print "    topic_prefix: " prefix; print "    discovery: false" }
-    ' "$work/board.before-mqtt" >"$work/board.mqtt"
-    grep -q '^  mqtt:' "$work/board.mqtt" || printf 'transports:\n  mqtt:\n    broker: "%s"\n    topic_prefix: %s\n    discovery: false\n' "$1" "$2" >>"$work/board.mqtt"
-    replace_board "$work/board.mqtt"
-}
-broker_reached() { # BROKER PREFIX
-    mqtt_board "$1" "$2" || return 1
-    restart_daemon || { echo "blecontrold $(prop ActiveState) after the restart"; return 1; }
-    until_true 240 mqtt_connected "$2" \
-        || { echo "MQTT: $(mqtt_state); $(journalctl -u blecontrold.service -b -q -o cat | grep 'MQTT' | tail -n 2 | tr '\n' '|')"; return 1; }
-}
-if [ -n "${BROKER_PORT:-}" ]; then
-    cp /etc/blecontrol/board.yaml "$work/board.before-mqtt"
-    check m1 "libmosquitto1 ships in the image: MQTT works from the first boot, without Internet" \
-        sh -c "ldconfig -p | grep -q 'libmosquitto.so.1 '"
-    check m2 "blecontrold.service reaches a broker at a network address (10.0.2.2:$BROKER_PORT): connected" \
-        broker_reached "10.0.2.2:$BROKER_PORT" img-address
-    cp /etc/hosts "$work/hosts.before-mqtt"
-    printf '10.0.2.2\tmqtt-broker.test\n' >>/etc/hosts
-    check m3 "blecontrold.service reaches the broker by a name from /etc/hosts (mqtt-broker.test): connected" \
-        broker_reached "mqtt-broker.test:$BROKER_PORT" img-hosts
-    cp "$work/hosts.before-mqtt" /etc/hosts
-    info "name service: $(grep '^hosts:' /etc/nsswitch.conf | tr -s ' \t' ' '); /etc/resolv.conf -> $(readlink -f /etc/resolv.conf); resolvectl query _gateway: $(resolvectl query _gateway 2>&1 | head -n 1)"
-    check m4 "blecontrold.service reaches the broker by a name systemd-resolved answers (_gateway): connected" \
-        broker_reached "_gateway:$BROKER_PORT" img-resolved
-    # The old unit's filter. Its drop on the SYN is silent (TCP retries
-    # until it gives up): one retry makes the failure come in seconds.
-    ip_filtered() {
-        local at syn_retries reason
-        syn_retries=$(sysctl -n net.ipv4.tcp_syn_retries)
-        mkdir -p /run/systemd/system/blecontrold.service.d
-        printf '[Service]\nIPAddressDeny=any\nIPAddressAllow=localhost\n' >/run/systemd/system/blecontrold.service.d/ip-filter.conf
-        systemctl daemon-reload
-        sysctl -q -w net.ipv4.tcp_syn_retries=1
-        at=$(cursor)
-        mqtt_board "10.0.2.2:$BROKER_PORT" img-filtered && restart_daemon
-        until_true 600 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'MQTT: .*10.0.2.2.*retrying in'"
-        reason=$(journalctl -u blecontrold.service --after-cursor="$at" -q -o cat | grep 'MQTT: .*10.0.2.2.*retrying in' | head -n 1)
-        local state
-        state=$(mqtt_state)
-        rm -f /run/systemd/system/blecontrold.service.d/ip-filter.conf
-        systemctl daemon-reload
-        sysctl -q -w net.ipv4.tcp_syn_retries="$syn_retries"
-        echo "$reason"
-        [ -n "$reason" ] || { echo "no MQTT failure for 10.0.2.2 in the journal; state: $state"; return 1; }
-        case $state in "connected to "*) echo "connected through the filter: $state"; return 1 ;; esac
-    }
-    check m5 "control: with the old unit's IPAddressDeny=any + IPAddressAllow=localhost (a runtime drop-in), the same broker is unreachable" ip_filtered
-    info "m5: $(head -n 1 "$work/why")"
-    mqtt_done() {
-        replace_board "$work/board.before-mqtt" && restart_daemon || { echo "blecontrold $(prop ActiveState)"; return 1; }
-        [ "$(prop DropInPaths)" = /etc/systemd/system/blecontrold.service.d/test.conf ] || { echo "drop-ins: $(prop DropInPaths)"; return 1; }
-    }
-    check m6 "back to the board file before section m, the unit without the drop-in: blecontrold active" mqtt_done
-else
-    fail m "MQTT checks" "no broker port or no libmosquitto1 package in the test copy"
-fi
 
 # --- (w) the watchdog chain ---------------------------------------------------------------
 # Until here the test copy ran with the test's ten-minute watchdog
