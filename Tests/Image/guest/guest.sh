@@ -577,70 +577,6 @@ else
     fi
 fi
 
-# --- (b) BLE: the real bluetoothd on btvirt's controllers ------------------------------------
-advertising_logged() { journalctl -u blecontrold.service -b -q -o cat | grep -q 'BLE: advertising as BLEControl on hci0 (GATT application and advertisement registered)'; }
-check b1 "bluetoothd active, hci0 from btvirt" sh -c 'systemctl is-active bluetooth.service && [ -e /sys/class/bluetooth/hci0 ]'
-check b2 "the GATT application and advertisement registered with bluetoothd (daemon's journal line)" until_true 240 advertising_logged
-bluez_sees() {
-    local instances alias
-    instances=$(busctl get-property org.bluez /org/bluez/hci0 org.bluez.LEAdvertisingManager1 ActiveInstances)
-    alias=$(busctl get-property org.bluez /org/bluez/hci0 org.bluez.Adapter1 Alias)
-    [ "$instances" = "y 1" ] && [ "$alias" = 's "BLEControl"' ] || { echo "ActiveInstances $instances, Alias $alias"; return 1; }
-}
-check b3 "bluetoothd's own view (busctl): one active advertisement on hci0, Alias BLEControl" until_true 240 bluez_sees
-# The package's drop-in for bluetooth.service under the real systemd:
-# bluetoothd without its battery plugin (no pairing pop-up on iPhones),
-# and the doctor sees it.
-no_battery_plugin() {
-    local pid
-    pid=$(systemctl show -P MainPID bluetooth.service)
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- ' -P battery' || { tr '\0' ' ' <"/proc/$pid/cmdline"; return 1; }
-    [ "$(systemctl show -P DropInPaths bluetooth.service)" = /usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf ] \
-        || { echo "drop-ins: $(systemctl show -P DropInPaths bluetooth.service)"; return 1; }
-    blecontrol doctor 2>&1 | grep -q 'OK    iPhone pairing pop-up: prevented' || { blecontrol doctor 2>&1 | grep -A1 'pop-up'; return 1; }
-}
-check b5 "bluetoothd runs with the package's drop-in (-P battery: no iPhone pairing pop-up), doctor says so" no_battery_plugin
-check b4 "blecontrol status: BLE advertising (after two restarts)" \
-    until_true 240 sh -c 'blecontrol status | grep -i "ble" | grep -qi "advertising"'
-blecontrol status >"$work/status.txt" 2>&1
-
-# --- (x) SSH from the host with the boot partition's key --------------------------------------
-rm -f "/home/$ADMIN_USER/ssh-was-here"
-record "SSH-READY $ADMIN_USER"
-check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
-    until_true 1200 test -e "/home/$ADMIN_USER/ssh-was-here"
-
-# --- (k) a bonded central, for the check after the reboot ----------------------------------
-bond() {
-    local board central
-    busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true
-    board=$(address_of hci0); central=$(address_of hci1)
-    secure_board || return 1
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery
-    until_true 240 busctl introspect org.bluez "$(device_path hci1 "$board")" || { echo "hci1 never saw the board"; return 1; }
-    # Discovery stays on until the pairing is done: stopping it removes the
-    # devices it found that are neither connected nor paired (bluetoothd's
-    # temporary devices), this one with them.
-    btmon >"$work/btmon-pair.txt" 2>&1 &
-    local btmon=$!
-    busctl --timeout=120 call org.bluez "$(device_path hci1 "$board")" org.bluez.Device1 Pair
-    local paired=$?
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StopDiscovery 2>/dev/null
-    sleep 1; kill "$btmon" 2>/dev/null
-    [ "$paired" = 0 ] || { cp "$work/btmon-pair.txt" "$work/btmon-failed.txt"; return 1; }
-    until_true 240 sh -c "[ \"\$(busctl get-property org.bluez $(device_path hci0 "$central") org.bluez.Device1 Bonded)\" = 'b true' ]" \
-        || { echo "the board's side is not bonded: $(device_prop hci0 "$central" Bonded)"; return 1; }
-    until_true 240 sh -c "grep -Eq '^\[(Peripheral)?LongTermKey\]' /var/lib/bluetooth/$board/$central/info" \
-        || { echo "no key stored: $(cat "/var/lib/bluetooth/$board/$central/info" 2>&1 | grep '^\[' | tr '\n' ' ')"; return 1; }
-    cli enable 0 on || return 1
-    # 1700 µs: 348 counts (0x15C; 348.37 at PRE_SCALE 121's 50.03 Hz).
-    write_over_the_air "$board" 700 0x5c || return 1
-    mkdir -p "$state"
-    printf 'BOARD=%s\nCENTRAL=%s\nKEY=%s\n' "$board" "$central" "$(bond_key "$board" "$central")" >"$state/bond"
-}
-check k1 "hci1 pairs with the board (ble.security: encrypted, just works), both sides bonded, its write over the air moves servo 0" bond
-
 # --- (m) MQTT under the shipped unit: a broker on the network ---------------------------------
 # The host's Mosquitto (Tests/Image/run, section m) is 10.0.2.2:BROKER_PORT
 # here, QEMU's gateway: an address on the guest's network, not loopback,
@@ -706,6 +642,7 @@ if [ -n "${BROKER_PORT:-}" ]; then
         local state
         state=$(mqtt_state)
         rm -f /run/systemd/system/blecontrold.service.d/ip-filter.conf
+        rmdir /run/systemd/system/blecontrold.service.d
         systemctl daemon-reload
         sysctl -q -w net.ipv4.tcp_syn_retries="$syn_retries"
         echo "$reason"
@@ -723,7 +660,99 @@ else
     fail m "MQTT checks" "no broker port or no libmosquitto1 package in the test copy"
 fi
 
+# --- (b) BLE: the real bluetoothd on btvirt's controllers ------------------------------------
+advertising_logged() { journalctl -u blecontrold.service -b -q -o cat | grep -q 'BLE: advertising as BLEControl on hci0 (GATT application and advertisement registered)'; }
+check b1 "bluetoothd active, hci0 from btvirt" sh -c 'systemctl is-active bluetooth.service && [ -e /sys/class/bluetooth/hci0 ]'
+check b2 "the GATT application and advertisement registered with bluetoothd (daemon's journal line)" until_true 240 advertising_logged
+bluez_sees() {
+    local instances alias
+    instances=$(busctl get-property org.bluez /org/bluez/hci0 org.bluez.LEAdvertisingManager1 ActiveInstances)
+    alias=$(busctl get-property org.bluez /org/bluez/hci0 org.bluez.Adapter1 Alias)
+    [ "$instances" = "y 1" ] && [ "$alias" = 's "BLEControl"' ] || { echo "ActiveInstances $instances, Alias $alias"; return 1; }
+}
+check b3 "bluetoothd's own view (busctl): one active advertisement on hci0, Alias BLEControl" until_true 240 bluez_sees
+# The package's drop-in for bluetooth.service under the real systemd:
+# bluetoothd without its battery plugin (no pairing pop-up on iPhones),
+# and the doctor sees it.
+no_battery_plugin() {
+    local pid
+    pid=$(systemctl show -P MainPID bluetooth.service)
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- ' -P battery' || { tr '\0' ' ' <"/proc/$pid/cmdline"; return 1; }
+    [ "$(systemctl show -P DropInPaths bluetooth.service)" = /usr/lib/systemd/system/bluetooth.service.d/blecontrol.conf ] \
+        || { echo "drop-ins: $(systemctl show -P DropInPaths bluetooth.service)"; return 1; }
+    blecontrol doctor 2>&1 | grep -q 'OK    iPhone pairing pop-up: prevented' || { blecontrol doctor 2>&1 | grep -A1 'pop-up'; return 1; }
+}
+check b5 "bluetoothd runs with the package's drop-in (-P battery: no iPhone pairing pop-up), doctor says so" no_battery_plugin
+check b4 "blecontrol status: BLE advertising (after two restarts)" \
+    until_true 240 sh -c 'blecontrol status | grep -i "ble" | grep -qi "advertising"'
+blecontrol status >"$work/status.txt" 2>&1
+
+# --- (x) SSH from the host with the boot partition's key --------------------------------------
+rm -f "/home/$ADMIN_USER/ssh-was-here"
+record "SSH-READY $ADMIN_USER"
+check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
+    until_true 1200 test -e "/home/$ADMIN_USER/ssh-was-here"
+
+# --- (k) a bonded central, for the check after the reboot ----------------------------------
+bond() {
+    local board central
+    busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true
+    board=$(address_of hci0); central=$(address_of hci1)
+    secure_board || return 1
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery
+    # A property of the board's Device1, not `busctl introspect`: libdbus
+    # answers Introspect for any path, one that names no object too, so
+    # that "wait" ended at once and Pair then went to a device hci1 had not
+    # yet found ("Method Pair ... doesn't exist"), whenever discovery was
+    # slower than the calls between.
+    until_true 240 device_prop hci1 "$board" Address \
+        || { echo "hci1 never saw the board $board; it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
+    # Discovery stays on until the pairing is done: stopping it removes the
+    # devices it found that are neither connected nor paired (bluetoothd's
+    # temporary devices), this one with them.
+    btmon >"$work/btmon-pair.txt" 2>&1 &
+    local btmon=$!
+    busctl --timeout=120 call org.bluez "$(device_path hci1 "$board")" org.bluez.Device1 Pair
+    local paired=$?
+    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StopDiscovery 2>/dev/null
+    sleep 1; kill "$btmon" 2>/dev/null
+    [ "$paired" = 0 ] || { cp "$work/btmon-pair.txt" "$work/btmon-failed.txt"; return 1; }
+    until_true 240 sh -c "[ \"\$(busctl get-property org.bluez $(device_path hci0 "$central") org.bluez.Device1 Bonded)\" = 'b true' ]" \
+        || { echo "the board's side is not bonded: $(device_prop hci0 "$central" Bonded)"; return 1; }
+    until_true 240 sh -c "grep -Eq '^\[(Peripheral)?LongTermKey\]' /var/lib/bluetooth/$board/$central/info" \
+        || { echo "no key stored: $(cat "/var/lib/bluetooth/$board/$central/info" 2>&1 | grep '^\[' | tr '\n' ' ')"; return 1; }
+    cli enable 0 on || return 1
+    # 1700 µs: 348 counts (0x15C; 348.37 at PRE_SCALE 121's 50.03 Hz).
+    write_over_the_air "$board" 700 0x5c || return 1
+    mkdir -p "$state"
+    printf 'BOARD=%s\nCENTRAL=%s\nKEY=%s\n' "$board" "$central" "$(bond_key "$board" "$central")" >"$state/bond"
+}
+check k1 "hci1 pairs with the board (ble.security: encrypted, just works), both sides bonded, its write over the air moves servo 0" bond
+
 # --- (w) the watchdog chain ---------------------------------------------------------------
+# Until here the test copy ran with the test's ten-minute watchdog
+# (TEST_WATCHDOG_CONF, test-watchdog.conf says why). The image's own
+# setting is put back in force the way systemd reads it: the test's file
+# taken away, the configuration read again by a daemon-reload (its
+# generators are the slow part, so a runtime override holds the long
+# timeout meanwhile), then the override dropped (USEC_INFINITY), and
+# systemd arms watchdog0 with what it read from the image's file alone.
+manager_watchdog() { # USEC: systemd's runtime override of RuntimeWatchdogSec
+    busctl set-property org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager RuntimeWatchdogUSec t "$1"
+}
+image_watchdog() {
+    [ -f "$TEST_WATCHDOG_CONF" ] || { echo "no $TEST_WATCHDOG_CONF in the test copy"; return 1; }
+    manager_watchdog $((10 * 60 * 1000000)) || return 1
+    mv "$TEST_WATCHDOG_CONF" "$work/test-watchdog.conf" || return 1
+    systemctl daemon-reload || return 1
+    manager_watchdog 18446744073709551615
+}
+test_watchdog_back() { # for the boots after this one (the file only: this boot keeps 15 s)
+    [ ! -f "$work/test-watchdog.conf" ] || mv "$work/test-watchdog.conf" "$TEST_WATCHDOG_CONF"
+}
+info "watchdog during the checks above (the test's): RuntimeWatchdogUSec $(systemctl show -P RuntimeWatchdogUSec), watchdog0 $(cat /sys/class/watchdog/watchdog0/state 2>&1), $(cat /sys/class/watchdog/watchdog0/timeout 2>&1) s"
+check w0 "the image's watchdog setting back in force: the test's drop-in away, systemd's configuration read again" image_watchdog
 armed() {
     local dev=/sys/class/watchdog/watchdog0
     [ "$(systemctl show -P RuntimeWatchdogUSec)" = 15s ] || { echo "RuntimeWatchdogUSec $(systemctl show -P RuntimeWatchdogUSec)"; return 1; }
@@ -748,6 +777,7 @@ doctor_system() {
     done
 }
 check d1 "blecontrol doctor on the image: the watchdog armed, the boot-time all-off enabled, the journal's limit, the file systems; no warning" doctor_system
+test_watchdog_back
 # A panic with kernel.panic = 0 (Debian's) halts for good: only the
 # hardware watchdog can reset it. Outputs live when it hangs: what the
 # chip holds through the reset is saved for setup.sh to put back.
