@@ -434,6 +434,31 @@ else
                [ \$((\$(i2cget -y $BUS 0x40 0xfe b))) -eq 121 ]"
     check h2 "blecontrol enable 0 on + servo 0 500: LED0_ON 0, LED0_OFF 0x133 (0x08/0x09)" move_servo
 
+    # Issue #29's figures from the booted image's daemon (the shipped
+    # raspberry-pi board's realtime, lock_memory as the test's board file
+    # says): memory from /proc/PID/status, and the servo thread's page
+    # faults (proc(5) stat fields 10 and 12) over 50 commands after the
+    # warm-up h2 was. Printed, never a failure.
+    servo_faults() { # PID: "minor major" of the blecontrol-servo thread
+        local task
+        for task in /proc/"$1"/task/*; do
+            [ "$(cat "$task/comm" 2>/dev/null)" = blecontrol-serv ] || continue
+            sed 's/.*) //' "$task/stat" | awk '{ print $8, $10 }'
+            return 0
+        done
+        echo "? ?"
+    }
+    memory_figures() {
+        local pid before after i
+        pid=$(prop MainPID)
+        before=$(servo_faults "$pid")
+        for i in $(seq 1 50); do cli servo 0 $((450 + i)); done
+        cli servo 0 500
+        after=$(servo_faults "$pid")
+        info "memory: lock_memory $(sed -n 's/^ *lock_memory: *//p' /etc/blecontrol/board.yaml | head -n 1), $(awk '/^(VmRSS|RssAnon|VmLck):/ { printf "%s %.1f MB, ", $1, $2 / 1024 }' "/proc/$pid/status")servo thread faults (minor major) up to now: $before, over 50 commands after that: $(echo "$before $after" | awk '{ if ($1 == "?" || $3 == "?") print "? ?"; else print $3 - $1, $4 - $2 }')"
+    }
+    memory_figures || true
+
     poke 0x40 0xfd 0x00
     stop_all_off() {
         systemctl stop blecontrold.service || return 1
