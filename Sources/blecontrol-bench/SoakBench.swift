@@ -41,13 +41,18 @@ func slopePerHour(_ times: [Double], _ values: [Double]) -> Double {
     return variance > 0 ? covariance / variance * 3600 : 0
 }
 
-func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, reconnectEvery: Double = 15) throws -> Bool {
+/// - Parameter speed: how many times faster than a board's life the events
+///   come (the central's writes, its reconnections, the reloads): 3 runs
+///   three hours of them in one. What depends on the clock alone (timers,
+///   the journal's own pace) is not sped up.
+func soakDaemon(binary: String, seconds: Double, speed: Double = 1) throws -> Bool {
+    let reloadEvery = 20 / speed, reconnectEvery = 15 / speed
     let board = EmbeddedBoards.simulator
     let variants = [board, board.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: 5")]
     signal(SIGPIPE, SIG_IGN)
     let daemon = try DaemonProcess(binary: binary, boardText: board, logLevel: "info")
     let boardPath = daemon.directory + "/board.yaml"
-    print("soak: \(binary), pid \(daemon.pid), \(Int(seconds)) s: a central at 20 frames/s (the demo app's sliders), reconnecting every \(Int(reconnectEvery)) s; the board file replaced and reloaded every \(Int(reloadEvery)) s")
+    print("soak: \(binary), pid \(daemon.pid), \(Int(seconds)) s: a central at \(Int(20 * speed)) writes/s (the demo app's sliders\(speed == 1 ? "" : String(format: " at %g times their pace", speed))), reconnecting every \(String(format: "%g", reconnectEvery)) s; the board file replaced and reloaded every \(String(format: "%g", reloadEvery)) s")
 
     var samples: [SoakSample] = []
     var quiet: [(descriptors: Int, threads: Int)] = []
@@ -124,7 +129,7 @@ func soakDaemon(binary: String, seconds: Double, reloadEvery: Double = 20, recon
             central = try LoopbackTCPClient(port: daemon.port)
             try central?.send(enable)
         }
-        usleep(DemoAppTraffic.period)
+        usleep(UInt32(Double(DemoAppTraffic.period) / speed))
     }
     let frames = traffic.frames
     central = nil

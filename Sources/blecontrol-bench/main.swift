@@ -413,7 +413,7 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 
 // Usage: blecontrol-bench [all|foundation|servo|daemon|serial|mqtt] [frames]
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
-//        blecontrol-bench soak DAEMON [SECONDS]
+//        blecontrol-bench soak DAEMON [SECONDS [SPEED]]
 //        blecontrol-bench flood DAEMON [MEGABYTES]
 //        blecontrol-bench chatter DAEMON [SECONDS]
 //        blecontrol-bench memory DAEMON [SECONDS]
@@ -422,7 +422,7 @@ blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
 guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood", "chatter", "memory", "idle"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS] | flood DAEMON [MEGABYTES] | chatter DAEMON [SECONDS] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS [SPEED]] | flood DAEMON [MEGABYTES] | chatter DAEMON [SECONDS] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
     exit(2)
 }
 if section == "memory" || section == "idle" {
@@ -441,11 +441,12 @@ if section == "memory" || section == "idle" {
     exit(0)
 }
 if section == "soak" {
-    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0 else {
-        print("usage: blecontrol-bench soak DAEMON [SECONDS]   (default 120; a day: 86400)")
+    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0,
+          let speed = Double(arguments.count > 3 ? arguments[3] : "1"), speed >= 1, speed <= 20 else {
+        print("usage: blecontrol-bench soak DAEMON [SECONDS [SPEED]]   (default 120 s; a day: 86400; SPEED 1-20: the events that many times faster)")
         exit(2)
     }
-    do { exit(try soakDaemon(binary: arguments[1], seconds: seconds) ? 0 : 1) } catch { print("soak failed: \(error)"); exit(1) }
+    do { exit(try soakDaemon(binary: arguments[1], seconds: seconds, speed: speed) ? 0 : 1) } catch { print("soak failed: \(error)"); exit(1) }
 }
 if section == "flood" {
     guard arguments.count >= 2, let megabytes = Int(arguments.count > 2 ? arguments[2] : "8"), megabytes > 0 else {
