@@ -195,6 +195,8 @@ struct Line {
         stream.feed(bytes, at: now, atFrameBoundary: { !(decoder?.hasPartialFrame ?? false) }) { event in
             Self.handle(event, decoder: &decoder, events: &events, at: now)
         }
+        // As the serial transport does: held bytes are a sign of life for the frame.
+        if !stream.pending.isEmpty { decoder?.noteHeldBytes(at: now) }
         self.decoder = decoder
         self.events = events
         require(stream.pending.count <= HM10Stream.maximumHeld, "\(stream.pending.count) bytes held")

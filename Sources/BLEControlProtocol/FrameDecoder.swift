@@ -168,6 +168,15 @@ public struct FrameDecoder: Sendable {
         }
     }
 
+    /// Bytes of the partial frame arrived at `now` but are held below the
+    /// decoder (an HM-10 link holds what may be the module's notice until it
+    /// can tell): the frame is not idle, and its timeout counts from here.
+    /// Without a partial frame, nothing changes.
+    public mutating func noteHeldBytes(at now: ContinuousClock.Instant) {
+        guard hasPartialFrame else { return }
+        lastByteAt = now
+    }
+
     /// Discards the pending partial frame if it has been idle for longer than
     /// the idle timeout; returns the event if it did.
     ///

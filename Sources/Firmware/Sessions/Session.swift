@@ -120,6 +120,10 @@ public final class Session: @unchecked Sendable {
         send(FrameEncoder.encode(message))
     }
 
+    /// The transport holds bytes of this central's that arrived at `now`
+    /// (``FrameDecoder/noteHeldBytes(at:)``).
+    public func noteHeldBytes(at now: ContinuousClock.Instant) { decoder.noteHeldBytes(at: now) }
+
     /// When the partial frame being assembled will be discarded, if any.
     public var deadline: ContinuousClock.Instant? { decoder.deadline }
 

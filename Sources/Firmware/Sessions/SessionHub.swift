@@ -88,6 +88,18 @@ public final class SessionHub: @unchecked Sendable {
         rearm(session)
     }
 
+    /// Bytes arrived for `session` that its transport holds for now (the
+    /// HM-10's possible notice): its partial frame is not idle. Without
+    /// this, bytes held one after another, each within the hold, could add
+    /// up to the idle timeout; the decoder would drop the frame, and the
+    /// central's text spelling OK+LOST would then be taken for the notice.
+    public func bytesHeld(for session: Session) {
+        loop.assertInLoop()
+        guard open[session.id] != nil else { return }
+        session.noteHeldBytes(at: loop.now)
+        rearm(session)
+    }
+
     /// `session`'s message ended (MQTT: one message holds whole frames).
     public func endOfMessage(_ session: Session) {
         loop.assertInLoop()

@@ -183,6 +183,7 @@ public final class SerialTransport: @unchecked Sendable {
 
     private func dispatch(_ bytes: ArraySlice<UInt8>) {
         stream.feed(bytes, at: loop.now, atFrameBoundary: { [self] in !(session?.hasPartialFrame ?? false) }) { [self] event in handle(event) }
+        if !stream.pending.isEmpty, let session { hub.bytesHeld(for: session) }
         armHoldTimer()
     }
 
