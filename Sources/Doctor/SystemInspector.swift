@@ -503,24 +503,18 @@ public struct SystemInspector: Sendable {
     // MARK: Packages
 
     /// The version of Debian package `name` as dpkg has it installed
-    /// (`5.66-1+rpt1+deb12u2`), nil when it is not installed.
+    /// (`5.66-1+rpt1+deb12u2`), nil when it is not installed. Asked of
+    /// dpkg-query, dpkg's interface for it (its database's format is dpkg's
+    /// own business: Debian policy, and lintian's uses-dpkg-database-directly);
+    /// under a ``root`` other than /, of that root's database (--root).
     public func installedPackageVersion(_ name: String) -> String? {
-        // dpkg's status file is a few megabytes on a full system.
-        guard let status = read("/var/lib/dpkg/status", limit: 64 << 20) else { return nil }
-        // Stanzas of `Field: value` lines, one blank line between them.
-        var package: Substring?, installed = false, version: Substring?
-        for line in status.split(separator: "\n", omittingEmptySubsequences: false) + [Substring("")] {
-            if line.isEmpty {
-                if package == Substring(name), installed, let version { return String(version) }
-                (package, installed, version) = (nil, false, nil)
-            } else if line.hasPrefix("Package: ") {
-                package = line.dropFirst("Package: ".count)
-            } else if line.hasPrefix("Status: ") {
-                installed = line.hasSuffix(" installed")
-            } else if line.hasPrefix("Version: ") {
-                version = line.dropFirst("Version: ".count)
-            }
-        }
-        return nil
+        var arguments = ["--show", "--showformat=${db:Status-Abbrev}${Version}\\n", "--", name]
+        if root != "/" && !root.isEmpty { arguments.insert("--root=\(root)", at: 0) }
+        // "ii 5.66-1": wanted install, installed; then the version. (The
+        // runner may mix in dpkg-query's warnings, on lines of their own.)
+        guard let answer = run("/usr/bin/dpkg-query", arguments),
+              let line = answer.split(separator: "\n").first(where: { $0.hasPrefix("ii ") }) else { return nil }
+        let version = String(line.dropFirst(3)).trimmed
+        return version.isEmpty ? nil : version
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 @testable import Doctor
+import Reactor
 import Testing
 
 /// The programs doctor asked to run, in order.
@@ -12,6 +13,9 @@ private final class RunRecorder: @unchecked Sendable {
 
     var runner: SystemInspector.ProgramRunner {
         { [self] executable, arguments in
+            // dpkg-query is the system's own (its path fixed, root's): it
+            // runs for real, on the made-up machine's database (--root).
+            if executable == "/usr/bin/dpkg-query" { return Subprocess.output(of: executable, arguments) }
             lock.withLock { calls.append((executable, arguments)) }
             return answer
         }
@@ -85,7 +89,7 @@ struct BluetoothdTrustTests {
         #expect(ran.isEmpty, "\(ran)")
     }
 
-    @Test("A bluetoothd file another user could have written is not run: the version comes from dpkg's status instead")
+    @Test("A bluetoothd file another user could have written is not run: the version comes from dpkg-query instead")
     func untrustedVersionPaths() throws {
         let machine = try Self.machineWithImpostor()
         try machine.executable("/usr/libexec/bluetooth/bluetoothd", mode: 0o775)
