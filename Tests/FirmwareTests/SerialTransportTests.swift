@@ -134,16 +134,21 @@ struct HM10StreamTests {
         // A whole notice, then the start of another that never comes: the
         // line was not quiet after the first, so it is the central's text.
         var unfinished = StreamRig()
-        unfinished.feed(connected + partial + lost + Array("O".utf8))
+        // (Typed lets: one expression of array sums is more than the type
+        // checker of some Swift releases will solve in time.)
+        let textThenO: [UInt8] = partial + lost + Array("O".utf8)
+        unfinished.feed(connected + textThenO)
         unfinished.wait(.seconds(1))
-        #expect(unfinished.events == [.connected, .data(partial + lost + Array("O".utf8))])
+        #expect(unfinished.events == [.connected, .data(textThenO)])
         // The same letters with the frame going on: the central's text.
         var rig = StreamRig()
         rig.feed(connected + partial + lost)
         #expect(rig.events == [.connected, .data(partial)])
-        rig.feed(Array(" and more, and the end".utf8) + [0x00], after: HM10Stream.defaultHold / 2)
+        let rest: [UInt8] = Array(" and more, and the end".utf8) + [0x00]
+        rig.feed(rest, after: HM10Stream.defaultHold / 2)
         rig.wait(.seconds(1))
-        #expect(rig.events == [.connected, .data(partial + lost + Array(" and more, and the end".utf8) + [0x00])])
+        let whole: [UInt8] = partial + lost + rest
+        #expect(rig.events == [.connected, .data(whole)])
     }
 }
 
