@@ -397,11 +397,16 @@ struct BoardFileTests {
         #expect(problems(minimal + "\ntransports:\n  tcp:\n    enabled: false\n    listen: \"\(listen)\"\n").isEmpty)
     }
 
-    @Test("Names for outputs: plain text of 1 to 40 characters and 160 bytes; controls, separators and bidirectional overrides refused with their line", arguments: [
+    /// Names in the board file's YAML, and whether each is fit. (A static
+    /// list: string interpolation inside @Test's arguments crashes Swift
+    /// 6.0.3's type checker, the floor.)
+    static let outputNameCases: [(String, Bool)] = [
         ("steering", true), ("Lüfter ⚙", true), (#"'Arm "left" <b>&</b> \ end'"#, true), ("\"\(String(repeating: "x", count: 40))\"", true),
         ("\"\(String(repeating: "x", count: 41))\"", false), ("\"e\(String(repeating: "\\u0301", count: 80))\"", false),
         ("\"\\u202Eevil\"", false), ("\"bell\\x07\"", false), ("\"line\\u2028break\"", false), ("\"c1\\x85\"", false), ("\"   \"", false), ("\"\"", false),
-    ])
+    ]
+
+    @Test("Names for outputs: plain text of 1 to 40 characters and 160 bytes; controls, separators and bidirectional overrides refused with their line", arguments: BoardFileTests.outputNameCases)
     func outputNames(name: String, fit: Bool) throws {
         let file = minimal + "\nservo:\n  channels:\n    - { channel: 0, output: 0, role: servo, name: \(name) }\nswitches:\n  - { switch: 0, emulated: true, name: \(name) }\nlcd:\n  bus: main\n  line_names: [\(name)]\n"
         let refused = problems(file)
