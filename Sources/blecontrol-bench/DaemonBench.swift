@@ -61,10 +61,12 @@ final class DaemonProcess {
 
     var pid: Int32 { process.processIdentifier }
 
+    /// The daemon as /proc shows it.
+    var view: ProcessView { ProcessView(pid: pid) }
+
     /// Open descriptors and threads of the daemon, now.
     func descriptorsAndThreads() -> (descriptors: Int, threads: Int) {
-        func count(_ path: String) -> Int { (try? FileManager.default.contentsOfDirectory(atPath: path).count) ?? 0 }
-        return (count("/proc/\(pid)/fd"), count("/proc/\(pid)/task"))
+        (view.descriptorCount, view.threads().count)
     }
 
     /// How much the daemon has logged so far.
@@ -91,38 +93,16 @@ final class DaemonProcess {
         return try client.request(line)
     }
 
-    /// CPU time of every thread of the daemon, in ns (schedstat: exact,
-    /// unlike the 10 ms ticks of /proc/PID/stat).
-    func cpuNanoseconds() -> Int64 {
-        var total: Int64 = 0
-        for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-            if let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/schedstat", encoding: .utf8),
-               let first = text.split(separator: " ").first, let value = Int64(first) {
-                total += value
-            }
-        }
-        return total
-    }
+    /// CPU time of every thread of the daemon, in ns.
+    func cpuNanoseconds() -> Int64 { view.threads().reduce(0) { $0 + $1.cpuNanoseconds } }
 
     /// Context switches of every thread: each is a wake-up (or a preemption).
-    func contextSwitches() -> Int {
-        var total = 0
-        for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-            guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8) else { continue }
-            for line in text.split(separator: "\n") where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
-                total += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
-            }
-        }
-        return total
-    }
+    func contextSwitches() -> Int { view.threads().reduce(0) { $0 + $1.contextSwitches } }
 
     /// VmRSS and RssAnon (private memory), in kB.
     func memory() -> (rss: Int, anonymous: Int) {
-        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return (0, 0) }
-        func field(_ name: String) -> Int {
-            text.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") } ?? 0
-        }
-        return (field("VmRSS:"), field("RssAnon:"))
+        let status = view.status(["VmRSS", "RssAnon"])
+        return (status["VmRSS"] ?? 0, status["RssAnon"] ?? 0)
     }
 }
 

@@ -71,18 +71,10 @@ private final class RoundTripProbe: @unchecked Sendable {
     func stop() { lock.withLock { running = false } }
 }
 
-/// VmRSS and VmHWM of `pid`, in kB; writing 5 to clear_refs resets VmHWM
-/// to VmRSS (proc(5)).
+/// VmRSS and VmHWM of `pid`, in kB.
 private func residentAndPeak(_ pid: Int32) -> (rss: Int, peak: Int) {
-    guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return (0, 0) }
-    func field(_ name: String) -> Int {
-        text.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? 0
-    }
-    return (field("VmRSS:"), field("VmHWM:"))
-}
-
-private func resetPeak(_ pid: Int32) {
-    _ = try? "5".write(toFile: "/proc/\(pid)/clear_refs", atomically: false, encoding: .utf8)
+    let status = ProcessView(pid: pid).status(["VmRSS", "VmHWM"])
+    return (status["VmRSS"] ?? 0, status["VmHWM"] ?? 0)
 }
 
 /// One transport's run: `flood` sends the bytes its way and returns a
@@ -96,7 +88,7 @@ private func floodRun(_ name: String, daemon: DaemonProcess, flood: () throws ->
     defer { probe.stop() }
     usleep(300_000)
     let quiet = probe.take()
-    resetPeak(pid)
+    ProcessView(pid: pid).resetPeak()
     let started = ContinuousClock.now
     let outcome = try flood()
     let elapsed = (ContinuousClock.now - started).inSeconds

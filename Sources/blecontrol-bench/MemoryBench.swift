@@ -15,103 +15,11 @@ import Glibc
 //   blecontrol-bench memory DAEMON [SECONDS]   lock_memory off and on
 //   blecontrol-bench idle DAEMON [SECONDS]     wake-ups per thread
 
-/// One thread of the daemon, from /proc/PID/task/TID.
-struct TaskSample {
-    var name: String
-    var minorFaults: Int
-    var majorFaults: Int
-    var contextSwitches: Int
-}
-
 extension DaemonProcess {
-    /// Every thread now, by thread id: its name (comm, 15 bytes), page
-    /// faults (stat fields 10 and 12) and context switches (status).
-    func tasks() -> [Int: TaskSample] {
-        var samples: [Int: TaskSample] = [:]
-        for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-            guard let tid = Int(task),
-                  let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8),
-                  let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { continue }
-            let name = String(stat[stat.index(after: open)..<close])
-            // After the name: field 3 (state) on; field N is at N - 3.
-            let fields = stat[stat.index(after: close)...].split(separator: " ")
-            guard fields.count > 9, let minor = Int(fields[7]), let major = Int(fields[9]) else { continue }
-            var switches = 0
-            if let status = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8) {
-                for line in status.split(separator: "\n") where line.contains("ctxt_switches") {
-                    switches += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
-                }
-            }
-            samples[tid] = TaskSample(name: name, minorFaults: minor, majorFaults: major, contextSwitches: switches)
-        }
-        return samples
-    }
-
     /// The servo thread (`blecontrol-servo`, cut to 15 bytes in comm).
-    func servoThread() -> TaskSample? {
-        tasks().values.first { $0.name == "blecontrol-serv" }
+    func servoThread() -> ProcessView.Thread? {
+        view.threads().first { $0.name == "blecontrol-serv" }
     }
-
-    /// Fields of /proc/PID/status in kB (VmRSS, RssAnon, VmLck…).
-    func statusKilobytes(_ names: [String]) -> [String: Int] {
-        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return [:] }
-        var values: [String: Int] = [:]
-        for line in text.split(separator: "\n") {
-            let parts = line.split(separator: ":", maxSplits: 1)
-            guard parts.count == 2, names.contains(String(parts[0])) else { continue }
-            values[String(parts[0])] = Int(parts[1].split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "")
-        }
-        return values
-    }
-
-    /// The program behind the process when it is not the daemon itself:
-    /// qemu-user running an arm64 daemon (binfmt_misc).
-    var emulator: String? {
-        guard let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe") else { return nil }
-        return exe.contains("qemu") ? exe : nil
-    }
-
-    /// Each thread's stack: the mapping its stack pointer is in (from
-    /// /proc/PID/task/TID/syscall, for a thread in a system call), its size
-    /// and what of it is resident (smaps), in kB.
-    func threadStacks() -> [(name: String, size: Int, resident: Int)] {
-        var mappings: [(low: UInt, high: UInt, resident: Int)] = []
-        if let smaps = readProcFile("/proc/\(pid)/smaps") {
-            for line in smaps.split(separator: "\n") {
-                if let range = line.split(separator: " ").first, range.contains("-"), !line.hasSuffix(":"),
-                   let dash = range.firstIndex(of: "-"),
-                   let low = UInt(range[..<dash], radix: 16), let high = UInt(range[range.index(after: dash)...], radix: 16) {
-                    mappings.append((low, high, 0))
-                } else if line.hasPrefix("Rss:"), !mappings.isEmpty {
-                    mappings[mappings.count - 1].resident = Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
-                }
-            }
-        }
-        var stacks: [(name: String, size: Int, resident: Int)] = []
-        for (tid, task) in tasks().sorted(by: { $0.key < $1.key }) {
-            guard let syscall = readProcFile("/proc/\(pid)/task/\(tid)/syscall") else { continue }
-            let fields = syscall.split(separator: " ")
-            guard fields.count >= 3, let sp = UInt(fields[fields.count - 2].dropFirst(2), radix: 16),
-                  let mapping = mappings.first(where: { $0.low <= sp && sp < $0.high }) else { continue }
-            stacks.append((task.name, Int(mapping.high - mapping.low) / 1024, mapping.resident))
-        }
-        return stacks
-    }
-}
-
-/// A file of /proc, read to its end (its size says 0).
-func readProcFile(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 65536)
-    while true {
-        let count = read(fd, &chunk, chunk.count)
-        if count <= 0 { break }
-        bytes += chunk[0..<count]
-    }
-    return String(decoding: bytes, as: UTF8.self)
 }
 
 /// Megabytes, one decimal, from kB.
@@ -190,7 +98,7 @@ struct MemoryFigures {
     var faultsFirstSecond = (minor: 0, major: 0)
     var faultsAfterWarmUp = (minor: 0, major: 0)
     var scheduling = "?"
-    var stacks: [(name: String, size: Int, resident: Int)] = []
+    var stacks: [(thread: ProcessView.Thread, stack: ProcessView.Mapping)] = []
     var emulator: String?
 }
 
@@ -198,7 +106,7 @@ func measureMemory(binary: String, lockMemory: Bool, warmUp: Double, window: Dou
     var figures = MemoryFigures()
     let daemon = try DaemonProcess(binary: binary, boardText: realtimeBoard(lockMemory: lockMemory), logLevel: "warning")
     defer { daemon.stop() }
-    figures.emulator = daemon.emulator
+    figures.emulator = daemon.view.emulator
     // Up: the chips initialised (and, locked, the servo thread warmed up).
     for _ in 0..<2000 {
         let servo = ((try? daemon.request(#"{"op":"status"}"#))?["status"] as? [String: Any])?["servo"] as? [String: Any]
@@ -229,9 +137,9 @@ func measureMemory(binary: String, lockMemory: Bool, warmUp: Double, window: Dou
     try stream.reconnect()
     try stream.run(seconds: window / 2) { _ = try daemon.request(#"{"op":"status"}"#) }
     figures.faultsAfterWarmUp = since(warm)
-    let memory = daemon.statusKilobytes(["VmRSS", "RssAnon", "VmLck"])
+    let memory = daemon.view.status(["VmRSS", "RssAnon", "VmLck"])
     (figures.rss, figures.anonymous, figures.locked) = (memory["VmRSS"], memory["RssAnon"], memory["VmLck"])
-    if figures.emulator == nil { figures.stacks = daemon.threadStacks() }
+    if figures.emulator == nil { figures.stacks = daemon.view.threadStacks() }
     return figures
 }
 
@@ -255,7 +163,7 @@ func benchmarkMemory(binary: String, seconds window: Double) throws {
     row("  … in the first second of traffic") { pair($0.faultsFirstSecond) }
     row("  … after the warm-up (\(Int(window)) s, a failsafe)") { pair($0.faultsAfterWarmUp) }
     if let locked = runs.last?.1, !locked.stacks.isEmpty {
-        print("  thread stacks (lock_memory: true): " + locked.stacks.map { "\($0.name) \($0.size) kB (\($0.resident) kB resident)" }.joined(separator: ", "))
+        print("  thread stacks (lock_memory: true): " + locked.stacks.map { "\($0.thread.name) \($0.stack.kilobytes) kB (\($0.stack.resident) kB resident)" }.joined(separator: ", "))
     }
     if let emulator = runs.first(where: { $0.1.emulator != nil })?.1.emulator {
         print("""
@@ -325,15 +233,15 @@ func benchmarkIdle(binary: String, seconds window: Double) throws {
             usleep(10_000)
         }
         usleep(3_000_000)
-        let before = daemon.tasks()
+        let before = Dictionary(uniqueKeysWithValues: daemon.view.threads().map { ($0.tid, $0) })
         let pingsBefore = notify?.pings ?? 0
         usleep(useconds_t(window * 1e6))
-        let after = daemon.tasks()
+        let after = daemon.view.threads()
         let pings = Double((notify?.pings ?? 0) - pingsBefore) / window
         var rows: [String] = []
         var total = 0.0
-        for (tid, task) in after.sorted(by: { $0.key < $1.key }) {
-            let rate = Double(task.contextSwitches - (before[tid]?.contextSwitches ?? 0)) / window
+        for task in after {
+            let rate = Double(task.contextSwitches - (before[task.tid]?.contextSwitches ?? 0)) / window
             total += rate
             rows.append("\(task.name) \(String(format: "%.2f", rate))")
         }

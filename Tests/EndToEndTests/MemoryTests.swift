@@ -12,53 +12,11 @@ import TestSupport
 /// (`blecontrol-bench memory`), never asserted here.
 @Suite("Memory as the kernel sees the daemon: one malloc arena, explicit stacks, locked on fault")
 struct MemoryTests {
-    /// One mapping of /proc/PID/smaps.
-    struct Mapping {
-        var low: UInt
-        var high: UInt
-        var permissions: String
-        var name: String
-        var resident = 0
-        var flags: Set<String> = []
-        var kilobytes: Int { Int(high - low) / 1024 }
-    }
+    typealias Mapping = ProcessView.Mapping
 
-    static func mappings(_ pid: Int32) -> [Mapping] {
-        guard let text = procFile("/proc/\(pid)/smaps") else { return [] }
-        var mappings: [Mapping] = []
-        for line in text.split(separator: "\n") {
-            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
-            if let range = fields.first, fields.count >= 5, let dash = range.firstIndex(of: "-"),
-               let low = UInt(range[..<dash], radix: 16), let high = UInt(range[range.index(after: dash)...], radix: 16) {
-                mappings.append(Mapping(low: low, high: high, permissions: String(fields[1]), name: fields.count > 5 ? fields[5...].joined(separator: " ") : ""))
-            } else if line.hasPrefix("Rss:"), fields.count >= 2 {
-                mappings[mappings.count - 1].resident = Int(fields[1]) ?? 0
-            } else if line.hasPrefix("VmFlags:") {
-                mappings[mappings.count - 1].flags = Set(fields.dropFirst().map(String.init))
-            }
-        }
-        return mappings
-    }
-
-    /// /proc files say their size is 0: read to the end.
-    static func procFile(_ path: String) -> String? {
-        guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
-        defer { try? handle.close() }
-        return (try? handle.readToEnd()).map { String(decoding: $0, as: UTF8.self) }
-    }
-
-    /// Each thread's name and the mapping its stack pointer is in (from
-    /// /proc/PID/task/TID/syscall: a thread waiting in a system call).
-    static func threadStacks(_ pid: Int32, _ mappings: [Mapping]) -> [(name: String, stack: Mapping)] {
-        var stacks: [(String, Mapping)] = []
-        for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-            guard let name = procFile("/proc/\(pid)/task/\(task)/comm")?.trimmingCharacters(in: .whitespacesAndNewlines),
-                  let fields = procFile("/proc/\(pid)/task/\(task)/syscall")?.split(separator: " "), fields.count >= 3,
-                  let sp = UInt(fields[fields.count - 2].dropFirst(2), radix: 16),
-                  let stack = mappings.first(where: { $0.low <= sp && sp < $0.high }) else { continue }
-            stacks.append((name, stack))
-        }
-        return stacks
+    /// Each thread's name and its stack (a thread waiting in a system call).
+    static func threadStacks(_ pid: Int32) -> [(name: String, stack: Mapping)] {
+        ProcessView(pid: pid).threadStacks().map { ($0.thread.name, $0.stack) }
     }
 
     static let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -92,7 +50,7 @@ struct MemoryTests {
     /// The daemon under qemu-user (the aarch64 tier): /proc shows the
     /// emulator's mappings, not the guest's.
     static func emulated(_ pid: Int32) -> Bool {
-        ((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")) ?? "").contains("qemu")
+        ProcessView(pid: pid).emulator != nil
     }
 
     @Test("One malloc arena, set before any thread: no 64 MiB heap reservation of a thread's own arena, even after traffic on every thread",
@@ -114,7 +72,7 @@ struct MemoryTests {
                 return (channels?.first?["setpoint_us"] as? Double) == 1500 && (channels?.first?["pulse_us"] as? Double ?? 0) > 1490 && ((lcd?["lines"] as? [String])?.first ?? "").hasPrefix("hi")
             }
         }
-        let mappings = Self.mappings(daemon.process.processIdentifier)
+        let mappings = ProcessView(pid: daemon.process.processIdentifier).mappings()
         try #require(!mappings.isEmpty)
         // A thread's arena is a 64 MiB-aligned reservation (HEAP_MAX_SIZE),
         // mostly PROT_NONE; nothing else the daemon maps is a large PROT_NONE
@@ -137,7 +95,7 @@ struct MemoryTests {
         // Each thread's stack pointer shows while it waits in a system call.
         let threads: Set<String> = ["blecontrol-io", "blecontrol-serv", "blecontrol-lcd", "blecontrol-dbus"]
         let stacks = eventuallyValue { () -> [(name: String, stack: Mapping)]? in
-            let stacks = Self.threadStacks(pid, Self.mappings(pid)).filter { $0.name.hasPrefix("blecontrol-") }
+            let stacks = Self.threadStacks(pid).filter { $0.name.hasPrefix("blecontrol-") }
             return Set(stacks.map(\.name)).isSuperset(of: threads) ? stacks : nil
         }
         try #require(stacks != nil, "the daemon's threads, each waiting in a system call")
@@ -160,8 +118,8 @@ struct MemoryTests {
         try #require(!Self.emulated(pid), "qemu-user: /proc shows the emulator's mappings")
         // The servo thread locks its stack once the chips answer.
         _ = try daemon.waitFor("the servo path online") { (($0["servo"] as? [String: Any])?["online"] as? Bool) == true }
-        let mappings = Self.mappings(pid)
-        let servo = try #require(eventuallyValue { Self.threadStacks(pid, Self.mappings(pid)).first { $0.name == "blecontrol-serv" }?.stack },
+        let mappings = ProcessView(pid: pid).mappings()
+        let servo = try #require(eventuallyValue { Self.threadStacks(pid).first { $0.name == "blecontrol-serv" }?.stack },
                                  "the servo thread's stack")
         #expect(servo.flags.contains("lo") && !servo.flags.contains("lf"), "servo stack flags: \(servo.flags.sorted())")
         #expect(servo.resident == servo.kilobytes, "servo stack: \(servo.resident) of \(servo.kilobytes) kB resident")

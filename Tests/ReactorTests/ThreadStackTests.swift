@@ -45,13 +45,7 @@ struct ThreadStackTests {
 
     /// Anonymous read-write mappings of exactly `kilobytes` in this process.
     static func mappings(ofKilobytes kilobytes: Int) -> Int {
-        guard let maps = try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8) else { return -1 }
-        return maps.split(separator: "\n").filter { line in
-            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
-            guard fields.count == 5, fields[1] == "rw-p", let dash = fields[0].firstIndex(of: "-"),
-                  let low = UInt(fields[0][..<dash], radix: 16), let high = UInt(fields[0][fields[0].index(after: dash)...], radix: 16) else { return false }
-            return Int(high - low) == kilobytes * 1024
-        }.count
+        ProcessView.current.mappings().filter { $0.permissions == "rw-p" && $0.name.isEmpty && $0.kilobytes == kilobytes }.count
     }
 
     @Test("A detached thread leaves no stack behind: twenty in a row, one after the other, do not add twenty stacks")
@@ -72,8 +66,7 @@ struct ThreadStackTests {
     }
 
     static func threadCount(named name: String) -> Int {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.filter { (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?.hasPrefix(name) == true }.count
+        ProcessView.current.threads().filter { $0.name.hasPrefix(name) }.count
     }
 
     /// Starts `loop` with every signal blocked in its thread (threads
