@@ -19,7 +19,6 @@ func benchmarkChatter(binary: String, seconds: Double) throws {
         print("chatter: skipped (no \(MosquittoBroker.binary): scripts/install-deps unit installs it)")
         return
     }
-    signal(SIGPIPE, SIG_IGN)
     let broker = try MosquittoBroker()
     // The board as a user has it: status_interval_ms at its default (the
     // test rig's section asks for 100).

@@ -111,7 +111,6 @@ private func floodBoard(_ name: String, transports extra: String = "") -> String
 }
 
 func benchmarkFlood(binary: String, megabytes: Int) throws {
-    signal(SIGPIPE, SIG_IGN)
     let garbage = (0..<(megabytes << 20)).map { UInt8($0 % 2 == 0 ? 0x09 : 0x00) }
     print("flood: \(megabytes) MiB of 09 00 (an unknown command: one ERROR per 2 bytes), one sender per transport, \(binary); a TCP central measures its own ERROR round trip meanwhile:")
     print("  (BLE: Tests/BLE/run --flood, on BlueZoo, with a BLE and a TCP central timing their round trips)")

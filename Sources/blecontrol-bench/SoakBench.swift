@@ -49,7 +49,6 @@ func soakDaemon(binary: String, seconds: Double, speed: Double = 1) throws -> Bo
     let reloadEvery = 20 / speed, reconnectEvery = 15 / speed
     let board = EmbeddedBoards.simulator
     let variants = [board, board.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: 5")]
-    signal(SIGPIPE, SIG_IGN)
     let daemon = try DaemonProcess(binary: binary, boardText: board, logLevel: "info")
     let boardPath = daemon.directory + "/board.yaml"
     print("soak: \(binary), pid \(daemon.pid), \(Int(seconds)) s: a central at \(Int(20 * speed)) writes/s (the demo app's sliders\(speed == 1 ? "" : String(format: " at %g times their pace", speed))), reconnecting every \(String(format: "%g", reconnectEvery)) s; the board file replaced and reloaded every \(String(format: "%g", reloadEvery)) s")
@@ -162,7 +161,13 @@ func soakDaemon(binary: String, seconds: Double, speed: Double = 1) throws -> Bo
         return true
     }
     let worst = quiet.dropFirst().max { $0.descriptors + $0.threads < $1.descriptors + $1.threads } ?? baseline
-    print("  quiet moments: \(quiet.count); descriptors \(quiet.map { String($0.descriptors) }.joined(separator: " ")); threads \(quiet.map { String($0.threads) }.joined(separator: " "))")
+    // A day holds thousands of quiet moments: their spread, not each one.
+    func spread(_ values: [Int]) -> String {
+        let (low, high) = (values.min() ?? 0, values.max() ?? 0)
+        return low == high ? "\(low) at each" : "\(low) to \(high)"
+    }
+    print("  quiet moments: \(quiet.count); descriptors \(spread(quiet.map(\.descriptors))), threads \(spread(quiet.map(\.threads)))"
+          + " (the baseline, the second: \(baseline.descriptors) and \(baseline.threads))")
     if worst.descriptors > baseline.descriptors || worst.threads > baseline.threads {
         print("soak: FAIL a leak: a quiet moment held \(worst.descriptors) descriptors and \(worst.threads) threads, the first \(baseline.descriptors) and \(baseline.threads)")
         return false

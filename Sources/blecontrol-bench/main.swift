@@ -411,7 +411,66 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
     }
 }
 
-// Usage: blecontrol-bench [all|foundation|servo|daemon|serial|mqtt] [frames]
+/// A section that measures a daemon binary: `NAME DAEMON [NUMBER...]`,
+/// each number optional (left out from the right), with its default and
+/// the values it takes.
+struct DaemonSection {
+    struct Number {
+        var name: String
+        var defaultValue: Double
+        var range: ClosedRange<Double>
+        var whole = false
+    }
+    var name: String
+    var numbers: [Number]
+    /// What the numbers mean, for the usage line.
+    var note: String
+    /// Runs on the daemon's path and every number; returns the exit status.
+    var run: (String, [Double]) throws -> Int32
+
+    var usage: String {
+        "\(name) DAEMON" + numbers.reversed().reduce("") { inner, number in " [\(number.name)\(inner)]" }
+    }
+
+    /// The numbers from `given` (the words after DAEMON), nil if one is not
+    /// a number this section takes, or there are too many.
+    func parse(_ given: [String]) -> [Double]? {
+        guard given.count <= numbers.count else { return nil }
+        var values: [Double] = []
+        for (index, number) in numbers.enumerated() {
+            guard index < given.count else { values.append(number.defaultValue); continue }
+            guard let value = Double(given[index]), number.range.contains(value),
+                  !number.whole || value.rounded() == value else { return nil }
+            values.append(value)
+        }
+        return values
+    }
+}
+
+let daemonSections: [DaemonSection] = [
+    DaemonSection(name: "soak", numbers: [.init(name: "SECONDS", defaultValue: 120, range: 1...1e7), .init(name: "SPEED", defaultValue: 1, range: 1...20)],
+                  note: "default 120 s; a day: 86400; SPEED 1-20: the events that many times faster") {
+        try soakDaemon(binary: $0, seconds: $1[0], speed: $1[1]) ? 0 : 1
+    },
+    DaemonSection(name: "flood", numbers: [.init(name: "MEGABYTES", defaultValue: 8, range: 1...1024, whole: true)], note: "default 8") {
+        try benchmarkFlood(binary: $0, megabytes: Int($1[0]))
+        return 0
+    },
+    DaemonSection(name: "chatter", numbers: [.init(name: "SECONDS", defaultValue: 120, range: 1...1e7)], note: "per phase; default 120") {
+        try benchmarkChatter(binary: $0, seconds: $1[0])
+        return 0
+    },
+    DaemonSection(name: "memory", numbers: [.init(name: "SECONDS", defaultValue: 20, range: 1...1e7)], note: "after a 10 s warm-up; default 20") {
+        try benchmarkMemory(binary: $0, seconds: $1[0])
+        return 0
+    },
+    DaemonSection(name: "idle", numbers: [.init(name: "SECONDS", defaultValue: 30, range: 1...1e7)], note: "per case; default 30") {
+        try benchmarkIdle(binary: $0, seconds: $1[0])
+        return 0
+    },
+]
+
+// Usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames]
 //        blecontrol-bench daemon DAEMON [BASELINE-DAEMON]
 //        blecontrol-bench soak DAEMON [SECONDS [SPEED]]
 //        blecontrol-bench flood DAEMON [MEGABYTES]
@@ -421,48 +480,22 @@ func benchmarkServoDispatch(seconds duration: Double) throws {
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "soak", "flood", "chatter", "memory", "idle"].contains(section) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | soak DAEMON [SECONDS [SPEED]] | flood DAEMON [MEGABYTES] | chatter DAEMON [SECONDS] | memory DAEMON [SECONDS] | idle DAEMON [SECONDS]")
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt"].contains(section) || daemonSections.contains(where: { $0.name == section }) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | "
+          + daemonSections.map(\.usage).joined(separator: " | "))
     exit(2)
 }
-if section == "memory" || section == "idle" {
-    // memory: the window after the warm-up (default 20 s); idle: the window per case (default 30 s).
-    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : (section == "memory" ? "20" : "30")), seconds > 0 else {
-        print("usage: blecontrol-bench \(section) DAEMON [SECONDS]")
+if let daemonSection = daemonSections.first(where: { $0.name == section }) {
+    guard arguments.count >= 2, let numbers = daemonSection.parse(Array(arguments.dropFirst(2))) else {
+        print("usage: blecontrol-bench \(daemonSection.usage)   (\(daemonSection.note))")
         exit(2)
     }
+    // A daemon that goes away mid-write is a figure, not the bench's end.
     signal(SIGPIPE, SIG_IGN)
-    do {
-        if section == "memory" { try benchmarkMemory(binary: arguments[1], seconds: seconds) } else { try benchmarkIdle(binary: arguments[1], seconds: seconds) }
-    } catch {
+    do { exit(try daemonSection.run(arguments[1], numbers)) } catch {
         print("\(section) failed: \(error)")
         exit(1)
     }
-    exit(0)
-}
-if section == "soak" {
-    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0,
-          let speed = Double(arguments.count > 3 ? arguments[3] : "1"), speed >= 1, speed <= 20 else {
-        print("usage: blecontrol-bench soak DAEMON [SECONDS [SPEED]]   (default 120 s; a day: 86400; SPEED 1-20: the events that many times faster)")
-        exit(2)
-    }
-    do { exit(try soakDaemon(binary: arguments[1], seconds: seconds, speed: speed) ? 0 : 1) } catch { print("soak failed: \(error)"); exit(1) }
-}
-if section == "flood" {
-    guard arguments.count >= 2, let megabytes = Int(arguments.count > 2 ? arguments[2] : "8"), megabytes > 0 else {
-        print("usage: blecontrol-bench flood DAEMON [MEGABYTES]   (default 8)")
-        exit(2)
-    }
-    do { try benchmarkFlood(binary: arguments[1], megabytes: megabytes) } catch { print("flood failed: \(error)"); exit(1) }
-    exit(0)
-}
-if section == "chatter" {
-    guard arguments.count >= 2, let seconds = Double(arguments.count > 2 ? arguments[2] : "120"), seconds > 0 else {
-        print("usage: blecontrol-bench chatter DAEMON [SECONDS]   (per phase; default 120)")
-        exit(2)
-    }
-    do { try benchmarkChatter(binary: arguments[1], seconds: seconds) } catch { print("chatter failed: \(error)"); exit(1) }
-    exit(0)
 }
 if section == "mqtt" {
     do { try benchmarkMQTT() } catch { print("benchmark failed: \(error)"); exit(1) }
