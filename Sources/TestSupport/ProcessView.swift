@@ -67,6 +67,9 @@ public struct ProcessView: Sendable {
     /// Open descriptors.
     public var descriptorCount: Int { entries("fd").count }
 
+    /// Threads, counted without reading each one's files.
+    public var threadCount: Int { entries("task").count }
+
     /// The program behind the process when it is an emulator: qemu-user
     /// running an arm64 binary (binfmt_misc). /proc then shows the
     /// emulator's threads and mappings, not the program's.

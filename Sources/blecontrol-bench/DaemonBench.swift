@@ -66,7 +66,7 @@ final class DaemonProcess {
 
     /// Open descriptors and threads of the daemon, now.
     func descriptorsAndThreads() -> (descriptors: Int, threads: Int) {
-        (view.descriptorCount, view.threads().count)
+        (view.descriptorCount, view.threadCount)
     }
 
     /// How much the daemon has logged so far.
