@@ -317,10 +317,12 @@ control:
             self.results.fails("b20", "daemon starts with the LCD at absent 0x26", why)
             return
         self.results.passes("b20", "daemon starts with the LCD at absent 0x26")
-        time.sleep(3)
-        self.check("b21", "daemon still running 3 s later", self.daemon.running)
+        # Synchronised on the daemon's own report that the LCD failed, not on a
+        # pause: once status says so, the failure was met, and the daemon must
+        # have lived through it.
         self.check("b22", "status: LCD offline with an error", self.status_holds,
                    's["lcd"]["online"] is False and bool(s["lcd"].get("error"))')
+        self.check("b21", "daemon still running after it reported the LCD's failure", self.daemon.running)
         self.poison_led0()
         self.check("b23", "servo write still lands with the LCD offline", self.servo_command_lands)
         self.save_status("status-2.json")
@@ -657,6 +659,9 @@ def main() -> int:
         print("usage: guest.py OUT   (OUT/guest.env is written by Tests/VM/run)", file=sys.stderr)
         return 2
     os.environ["PATH"] = SYSTEM_PATH
+    # The guard outside (scripts/lib/quiet-guard over OUT) counts a bounded
+    # wait's tries as life; ble_guest.py inherits it.
+    os.environ[rig.PROGRESS_ENV] = str(Path(sys.argv[1]) / "progress")
     return Guest(Path(sys.argv[1])).run()
 
 

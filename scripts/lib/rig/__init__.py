@@ -210,28 +210,50 @@ def wait_until(predicate: Callable[[], bool], *, tries: "int | None" = None, int
     `interval` seconds apart. The bound is a count, a guard against a hang:
     nothing here asserts a duration (emulated machines on busy hosts are
     slow)."""
-    tries = patient_tries(interval) if tries is None else tries
-    for attempt in range(tries):
-        if predicate():
-            return True
-        if attempt + 1 < tries:
-            time.sleep(interval)
-    return False
+    return poll(lambda: None if predicate() else "not yet", tries=tries, interval=interval) is None
 
 
 def poll(check: Callable[[], "str | None"], *, tries: "int | None" = None, interval: float = 0.5) -> "str | None":
     """wait_until for a check: check returns None when what it wants holds,
     else why not. None as soon as it holds within `tries` tries (default:
-    PATIENCE's); else the last why, for the FAIL line."""
+    PATIENCE's); else the last why, for the FAIL line. Each try marks
+    progress (see `progress`)."""
     tries = patient_tries(interval) if tries is None else tries
     why: "str | None" = "never checked"
     for attempt in range(tries):
         why = check()
         if why is None:
             return None
+        progress()
         if attempt + 1 < tries:
             time.sleep(interval)
     return why
+
+
+PROGRESS_ENV = "RIG_PROGRESS"
+"""Names the file `progress` touches; unset, it does nothing."""
+
+_PROGRESS_EVERY = 10.0
+_last_progress = 0.0
+
+
+def progress() -> None:
+    """Marks that a bounded wait is still trying: touches the file that
+    $RIG_PROGRESS names, at most every 10 s. A guard that ends a guest once
+    its logs have gone quiet (scripts/lib/quiet-guard, Tests/VM/run) then
+    tells a slow wait from a hang. A wait whose tries go on is bounded by
+    their count, so it ends; a try that hangs stops the touches. Without
+    this, a wait that writes nothing could outlast the guard under load: the
+    VM tier's btvirt set-up, ten minutes without a line in a
+    scripts/test --under-load run beside another VM."""
+    global _last_progress
+    path = os.environ.get(PROGRESS_ENV)
+    now = time.monotonic()
+    if not path or now - _last_progress < _PROGRESS_EVERY:
+        return
+    _last_progress = now
+    with contextlib.suppress(OSError):
+        Path(path).touch()
 
 
 # --- Dependencies and caches -----------------------------------------------------
