@@ -701,7 +701,7 @@ async def acquire(device):
     text = open(daemon_log("daemon-ble-acquire.log"), errors="replace").read()
     record(ok and "AcquireWrite from" in text, "v22",
            "write command -> bluetoothd called AcquireWrite (daemon log) and the frame came through the socket -> ch0 1200 us",
-           (channel(status_cli(), 0), [l for l in text.splitlines() if "Acquire" in l][:2]))
+           (channel(status_cli(), 0), ble_sessions(status_cli()), [l for l in text.splitlines() if "Acquire" in l][:2]))
     # A frame split over two write commands, through the socket.
     await char.write_value(bytes([0x02, 0x03, 0x00]), with_response=False)
     await char.write_value(bytes([0x03, 0xE8]), with_response=False)
