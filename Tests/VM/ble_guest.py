@@ -162,7 +162,13 @@ class BleGuest:
         # The daemon again with ble.acquire_write: true (the AcquireWrite phase).
         board_acquire = WORK / "board-acquire.yaml"
         if re.search(r"^  acquire_write:", simulator_text, re.M):
-            board_acquire.write_text(re.sub(r"^  acquire_write: .*", "  acquire_write: true", simulator_text, flags=re.M))
+            # And a partial frame kept for 20 s, not 500 ms: the phase checks that
+            # a frame split over two write commands is reassembled through the
+            # socket, and on an emulated link bluetoothd, still reading a new
+            # central's services, can hold the second write back for longer than
+            # the default (seen: the two halves dropped as partials, each ERRORed).
+            text = re.sub(r"^  acquire_write: .*", "  acquire_write: true", simulator_text, flags=re.M)
+            board_acquire.write_text(re.sub(r"^  idle_timeout_ms: .*", "  idle_timeout_ms: 20000", text, flags=re.M))
             acquire = str(board_acquire)
         else:
             acquire = ""
