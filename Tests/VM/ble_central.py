@@ -33,6 +33,7 @@ import sys
 import time
 
 started = time.monotonic()
+from bumble import core as bumble_core  # noqa: E402
 from bumble.core import UUID  # noqa: E402
 from bumble.device import Device, Peer  # noqa: E402
 from bumble.hci import Address  # noqa: E402
@@ -260,7 +261,17 @@ async def connect(device, timeout=30.0, attempts=3, name=None, subscribe=True, *
         entry = await scan(device, timeout, name)
         if entry is None:
             return None
-        connection = await device.connect(entry["address"], timeout=20, **connect_options)
+        try:
+            connection = await device.connect(entry["address"], timeout=20, **connect_options)
+        except bumble_core.ConnectionError as error:
+            # 0x3E, Connection Failed to be Established: the link layer gave up
+            # before the first exchange (btvirt's emulated radio, its timing
+            # slipping under TCG). A phone tries again; so does this central.
+            if error.error_code != 0x3E or attempt + 1 == attempts:
+                raise
+            say("attempt %d: %r" % (attempt + 1, error))
+            await asyncio.sleep(1.0)
+            continue
         try:
             peer = Peer(connection)
             await peer.discover_services()
