@@ -718,20 +718,23 @@ async def acquire(device):
         return counters["frames"] + counters["errors"] + counters["discarded_partials"]
     before = status_cli()["counters"]
     await char.write_value(bytes([0x00, 0x00]), with_response=True)
-    await wait_for(lambda: handled(status_cli()["counters"]) > handled(before))
-    after = status_cli()["counters"]
-    intact = after["frames"] == before["frames"] + 1 and after["errors"] == before["errors"] \
-        and after["discarded_partials"] == before["discarded_partials"]
-    say("FIGURE the write that made bluetoothd acquire the socket (INIT 00 00): %s"
-        % ("arrived intact" if intact else "replaced by other bytes (counters before %s, after %s)" % (before, after)))
+    after = await wait_for(lambda: (lambda c: c if handled(c) > handled(before) else None)(status_cli()["counters"]))
+    if after is None:
+        outcome = "not dealt with by the board within the wait (counters before %s)" % before
+    elif after["frames"] == before["frames"] + 1 and handled(after) == handled(before) + 1:
+        outcome = "arrived intact"
+    else:
+        outcome = "replaced by other bytes (counters before %s, after %s)" % (before, after)
+    say("FIGURE the write that made bluetoothd acquire the socket (INIT 00 00): " + outcome)
     notifications.clear()
     await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
     await char.write_value(bytes([0x02, 0x03, 0x00, 0x00, 0xC8]), with_response=False)  # ch0 200 -> 1200 us
     ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1200) < 5)
     text = open(daemon_log("daemon-ble-acquire.log"), errors="replace").read()
+    report = status_cli()
     record(ok and "AcquireWrite from" in text, "v22",
            "write command -> bluetoothd called AcquireWrite (daemon log) and the frame came through the socket -> ch0 1200 us",
-           (channel(status_cli(), 0), ble_sessions(status_cli()), [l for l in text.splitlines() if "Acquire" in l][:2]))
+           (channel(report, 0), ble_sessions(report), [l for l in text.splitlines() if "Acquire" in l][:2]))
     # A frame split over two write commands, through the socket.
     await char.write_value(bytes([0x02, 0x03, 0x00]), with_response=False)
     await char.write_value(bytes([0x03, 0xE8]), with_response=False)
