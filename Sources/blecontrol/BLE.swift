@@ -12,7 +12,7 @@ let bleOption = CLICommand.Option("ble", value: "NAME|ADDRESS", help: "Send over
 let adapterOption = CLICommand.Option("adapter", value: "hciN", help: "With --ble or scan: the Bluetooth adapter to use (default: bluetoothd's first).")
 let waitOption = CLICommand.Option("wait", value: "MS", help: "With --ble or --mqtt: how long to listen for ERROR replies after the last write (default 300).")
 let syncFlag = CLICommand.Flag("sync", help: "With --ble or --mqtt: end with a frame the board always answers (FF 01 00: ERROR 255 comes back), so every reply before it has arrived; the board counts it as an error.")
-let timeoutOption = CLICommand.Option("timeout", value: "S", help: "With --ble: how long to look for the board before giving up (default 20).")
+let timeoutOption = CLICommand.Option("timeout", value: "S", help: "With --ble: how long to look for the board before giving up (default 20), and to connect to it and learn its services (never less than 30).")
 let verboseFlag = CLICommand.Flag("verbose", help: "With --ble: say on stderr how long finding and connecting took.")
 
 /// The options every frame-sending command takes.
@@ -138,10 +138,14 @@ final class BLESession: FrameLink, @unchecked Sendable {
         let started = ContinuousClock.now
         do {
             central = try BLECentral(adapter: arguments.option("adapter"), logger: logger)
-            let board = try central.find(target, timeout: .seconds(try arguments.integer("timeout", in: 1...600, default: 20)))
+            let seconds = try arguments.integer("timeout", in: 1...600, default: 20)
+            let board = try central.find(target, timeout: .seconds(seconds))
             let found = ContinuousClock.now
             let box = WeakBox<BLESession>()
-            link = try central.connect(board, timeout: .seconds(30)) { bytes in box.value?.replies.received(bytes) }
+            // Connecting includes bluetoothd's discovery of the board's
+            // services, which a busy or slow bluetoothd stretches well past
+            // a found board's advertising: 30 s at least, longer if asked.
+            link = try central.connect(board, timeout: .seconds(max(30, seconds))) { bytes in box.value?.replies.received(bytes) }
             box.value = self
             if arguments.flag("verbose") {
                 printError("blecontrol: found \(board.name.printable) (\(board.address.printable)) in \(Self.ms(started.duration(to: found))), connected and subscribed in \(Self.ms(found.duration(to: .now)))")

@@ -8,10 +8,11 @@ duration.
 Usage: cli_central.py scan|session|single BOARD_NAME BOARD_ADDRESS CONTROL_SOCKET
 Environment: BLECONTROL_BIN, BLE_CENTRAL_ADAPTER (default hci1),
 BLE_CLI_SCAN_SECONDS (how long `scan` listens, default 4) and
-BLE_CLI_FIND_SECONDS (how long `--ble NAME` looks at the most, default 120:
-it stops once it has found the board): bounds on a search, not performance
-marks; BLE_CLI_SCAN_TRIES (scans before the scan check fails, default 3: a
-busy machine may let a scan window pass without a report).
+BLE_CLI_FIND_SECONDS (`--timeout`: how long `--ble NAME` looks at the most,
+and then connects, default 120: it stops once it has found the board and
+learnt its services): bounds on a search, not performance marks;
+BLE_CLI_SCAN_TRIES (scans before the scan check fails, default 3: a busy
+machine may let a scan window pass without a report).
 """
 import json
 import os
@@ -20,12 +21,19 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+import rig  # noqa: E402 - scripts/lib, beside this repository's tests
 
 CLI = os.environ["BLECONTROL_BIN"]
 ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
 SAMPLES = int(os.environ.get("BLE_CLI_SAMPLES", "50"))
 SCAN_SECONDS = os.environ.get("BLE_CLI_SCAN_SECONDS", "4")
 FIND_SECONDS = os.environ.get("BLE_CLI_FIND_SECONDS", "120")
+# A hang guard for one CLI run: finding, then connecting, each within
+# --timeout, and the writes.
+CLI_GUARD = 2 * int(FIND_SECONDS) + 120
 
 
 def result(ok, text):
@@ -55,14 +63,19 @@ class Control:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)[op]
 
-    def until(self, what, condition, tries=6000):
+    def until(self, what, condition, tries=6000, cli=None):
         """Polls status until `condition(status)`, at most `tries` times
         0.02 s apart (two minutes and more): bounded by tries, not a clock,
-        so a busy machine stretches the wait and only a missing outcome fails."""
+        so a busy machine stretches the wait and only a missing outcome fails.
+        With `cli` (the CLI's process), it gives up as soon as the CLI has
+        ended, since nothing more will arrive."""
         for _ in range(tries):
             status = self.request("status")
             if condition(status):
                 return status
+            if cli is not None and cli.poll() is not None:
+                raise RuntimeError(f"{what}: not seen, and blecontrol ended (exit {cli.returncode}); status {json.dumps(status)[:400]}")
+            rig.progress()
             time.sleep(0.02)
         raise RuntimeError(f"{what}: not seen; status {json.dumps(status)[:400]}")
 
@@ -104,7 +117,9 @@ def session(name, address, control):
         send("enable 0 on")
         send("enable 2 on")
         send("sync")
-        status.until("channel 2 enabled", lambda s: s["channels"][2]["enabled"])
+        # Finding and connecting come first, each within --timeout: this
+        # wait outlasts both, and ends early if the CLI gives up.
+        status.until("channel 2 enabled", lambda s: s["channels"][2]["enabled"], tries=50 * CLI_GUARD, cli=process)
         result(True, "session: ANALOG_OUT_EN over BLE reached the board (one connection)")
         # Write → applied: each SERVO_VAL written without response, as the
         # app's sliders, timed until the board's poll shows the pulse (polled
@@ -137,7 +152,7 @@ def session(name, address, control):
                      and abs(s["channels"][0]["pulse_us"] - 1700) < 5)
         result(True, "session: LCD_TEXT (spaces kept), SWITCH_VAL and SERVO_VAL over BLE reached the board")
         # End of input: the session sends nothing more and disconnects.
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=CLI_GUARD)
     except Exception as error:  # noqa: BLE001 - every failure is a FAIL line
         process.kill()
         process.wait()
@@ -153,7 +168,8 @@ def session(name, address, control):
 
 
 def single(name, address, control):
-    run = subprocess.run([CLI, "send", "09", "00", "--ble", address, "--adapter", ADAPTER, "--sync"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([CLI, "send", "09", "00", "--ble", address, "--adapter", ADAPTER, "--timeout", FIND_SECONDS, "--sync"],
+                         capture_output=True, text=True, timeout=CLI_GUARD)
     result(run.returncode == 1 and "board replied ERROR for command 9" in run.stdout,
            f"blecontrol send 09 00 --ble ADDRESS --sync: ERROR printed, exit 1 (exit {run.returncode}: {run.stdout.strip()!r} {run.stderr.strip()!r})")
     missing = subprocess.run([CLI, "init", "--ble", "no-such-board", "--adapter", ADAPTER, "--timeout", "3"], capture_output=True, text=True, timeout=120)
