@@ -31,6 +31,10 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
 
 started = time.monotonic()
 from bumble import core as bumble_core  # noqa: E402
@@ -134,7 +138,9 @@ async def wait_for(predicate, interval=0.1, patience=120.0):
     """predicate's first true value, polled `interval` apart; None after as
     many tries as `patience` seconds of pauses make (two minutes and more by
     default). Bounded by tries, not a clock: a busy host stretches the wait,
-    and only an outcome that never comes fails a check."""
+    and only an outcome that never comes fails a check. Each try marks
+    progress (rig.progress), so the VM's quiet guard lets a slow wait reach
+    its FAIL line rather than ending the guest first."""
     for _ in range(int(patience / interval) + 1):
         try:
             value = predicate()
@@ -142,6 +148,7 @@ async def wait_for(predicate, interval=0.1, patience=120.0):
                 return value
         except Exception:
             pass
+        rig.progress()
         await asyncio.sleep(interval)
     return None
 
@@ -718,7 +725,10 @@ async def acquire(device):
         return counters["frames"] + counters["errors"] + counters["discarded_partials"]
     before = status_cli()["counters"]
     await char.write_value(bytes([0x00, 0x00]), with_response=True)
-    after = await wait_for(lambda: (lambda c: c if handled(c) > handled(before) else None)(status_cli()["counters"]))
+    def counters_once_handled():
+        counters = status_cli()["counters"]
+        return counters if handled(counters) > handled(before) else None
+    after = await wait_for(counters_once_handled)
     if after is None:
         outcome = "not dealt with by the board within the wait (counters before %s)" % before
     elif after["frames"] == before["frames"] + 1 and handled(after) == handled(before) + 1:
