@@ -162,6 +162,9 @@ public final class BLEPeripheral: @unchecked Sendable {
         public var refused = 0
         /// Calls refused because they did not come from bluetoothd.
         public var deniedCallers = 0
+        /// Signals dropped because they did not come from the bus daemon or
+        /// bluetoothd, whose signals they imitated.
+        public var spoofedSignals = 0
         /// Writes refused as longer than an ATT value can be.
         public var oversized = 0
         /// Writes refused because bluetoothd does not report the device connected.
@@ -270,6 +273,7 @@ public final class BLEPeripheral: @unchecked Sendable {
         let status = self.status
         var refused = status.statistics.refused > 0 ? ", \(status.statistics.refused) writes refused (ble.allow)" : ""
         if status.statistics.deniedCallers > 0 { refused += ", \(status.statistics.deniedCallers) calls refused (not bluetoothd)" }
+        if status.statistics.spoofedSignals > 0 { refused += ", \(status.statistics.spoofedSignals) signals ignored (not from the bus or bluetoothd)" }
         if status.statistics.oversized > 0 { refused += ", \(status.statistics.oversized) oversized writes refused" }
         if status.statistics.unknownDevices > 0 { refused += ", \(status.statistics.unknownDevices) writes for devices bluetoothd does not report connected" }
         if let passkey = status.passkey { refused += ", pairing: passkey \(passkey)" }
@@ -430,6 +434,17 @@ public final class BLEPeripheral: @unchecked Sendable {
             self.logger.warning("BLE: refused a call from \(sender), which is not bluetoothd")
             self.publish()
             return false
+        }
+        connection.onRefusedSignal = { [weak self] signal in
+            guard let self else { return }
+            self.statistics.spoofedSignals += 1
+            // Logged while few, then counted only (status): a local user can
+            // send them as fast as the bus lets it.
+            let count = self.statistics.spoofedSignals
+            if count <= 3 || count.nonzeroBitCount == 1 {
+                self.logger.warning("BLE: ignored \(signal.interface ?? "?").\(signal.member ?? "?") from \(signal.sender ?? "?"), which is not its sender (the bus daemon or bluetoothd); \(count) so far")
+            }
+            self.publish()
         }
         connection.onDisconnect = { [weak self] in
             guard let self else { return }

@@ -128,7 +128,7 @@ public final class BLECentral: @unchecked Sendable {
     /// `onNotification` (on the D-Bus thread).
     public func connect(_ board: FoundBoard, timeout: Duration, onNotification: @escaping @Sendable ([UInt8]) -> Void) throws -> BoardLink {
         let resolved = Mailbox<Bool>()
-        let watch = connection.addMatch(DBusMatchRule(interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: board.path, arg0: "org.bluez.Device1")) { message in
+        let watch = connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: board.path, arg0: "org.bluez.Device1")) { message in
             guard let changed = message.arguments.dropFirst().first?.dictionaryValue else { return }
             if let value = changed["ServicesResolved"]?.boolValue { resolved.post(value) }
         }
@@ -148,7 +148,7 @@ public final class BLECentral: @unchecked Sendable {
             disconnect(board.path)
             throw CentralError("\(board.name) (\(board.address)) has no BLEControl characteristic FFE1: not a BLEControl board")
         }
-        let notifications = connection.addMatch(DBusMatchRule(interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: characteristic, arg0: "org.bluez.GattCharacteristic1")) { message in
+        let notifications = connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: characteristic, arg0: "org.bluez.GattCharacteristic1")) { message in
             guard let changed = message.arguments.dropFirst().first?.dictionaryValue, let value = changed["Value"]?.byteArray else { return }
             onNotification(value)
         }
@@ -238,7 +238,7 @@ public final class BLECentral: @unchecked Sendable {
     /// changes under our adapter and advertises FFE0.
     private func watchDevices(_ found: @escaping @Sendable (FoundBoard) -> Void) -> UInt64 {
         let adapter = adapterPath
-        return connection.addMatch(DBusMatchRule(pathNamespace: adapter)) { message in
+        return connection.addMatch(DBusMatchRule(sender: "org.bluez", pathNamespace: adapter)) { message in
             guard let path = message.path else { return }
             switch message.member {
             case "InterfacesAdded":

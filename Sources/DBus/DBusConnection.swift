@@ -41,11 +41,27 @@ public final class DBusConnection: @unchecked Sendable {
     private var callerFilter: (@Sendable (String) -> Bool)?
     /// Calls to exported objects refused by ``acceptCaller`` (loop-confined).
     public internal(set) var deniedCalls = 0
+    /// Signals that matched a rule in all but their sender: sent by someone
+    /// other than the rule's sender, and dropped (loop-confined).
+    public private(set) var deniedSignals = 0
+    /// The current unique owner of each well-known name a match rule names as
+    /// its sender (loop-confined; absent: no owner, or not known yet).
+    private var owners: [String: String] = [:]
+    private var trackedNames: Set<String> = []
+    private var refusedSignalHandler: (@Sendable (DBusMessageInfo) -> Void)?
 
     /// The bus went away (daemon stopped, socket closed). Runs on the loop, once.
     public var onDisconnect: (@Sendable () -> Void)? {
         get { handlerLock.withLock { disconnectHandler } }
         set { handlerLock.withLock { disconnectHandler = newValue } }
+    }
+
+    /// Told (on the loop) of each signal dropped because its sender is not
+    /// the one its rule names: someone on the bus is impersonating the bus
+    /// daemon or a service.
+    public var onRefusedSignal: (@Sendable (DBusMessageInfo) -> Void)? {
+        get { handlerLock.withLock { refusedSignalHandler } }
+        set { handlerLock.withLock { refusedSignalHandler = newValue } }
     }
 
     /// Decides which callers may call methods on exported objects (by their
@@ -184,11 +200,39 @@ public final class DBusConnection: @unchecked Sendable {
         let box = UncheckedBox(handler)
         execute { [self] in
             matches[id] = (rule, box.value)
-            call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "AddMatch", arguments: [.string(rule.text)]) { [logger] result in
-                if case .failure(let error) = result { logger.warning("AddMatch \(rule.text): \(error)") }
-            }
+            if let name = rule.namesWellKnownSender { trackOwner(of: name) }
+            addBusMatch(rule)
         }
         return id
+    }
+
+    private func addBusMatch(_ rule: DBusMatchRule) {
+        call(destination: DBusMatchRule.bus, path: "/org/freedesktop/DBus", interface: DBusMatchRule.bus, method: "AddMatch", arguments: [.string(rule.text)]) { [logger] result in
+            if case .failure(let error) = result { logger.warning("AddMatch \(rule.text): \(error)") }
+        }
+    }
+
+    /// Learns who owns `name` and follows it from the bus's NameOwnerChanged
+    /// (on the loop). The match goes to the bus before GetNameOwner, so the
+    /// reply is the state at that moment and every later change arrives
+    /// after it: one connection's messages are delivered in order.
+    private func trackOwner(of name: String) {
+        guard trackedNames.insert(name).inserted else { return }
+        addBusMatch(DBusMatchRule(sender: DBusMatchRule.bus, interface: DBusMatchRule.bus, member: "NameOwnerChanged", arg0: name))
+        call(destination: DBusMatchRule.bus, path: "/org/freedesktop/DBus", interface: DBusMatchRule.bus, method: "GetNameOwner", arguments: [.string(name)]) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .success(let values): self.owners[name] = values.first?.stringValue
+            case .failure: self.owners[name] = nil
+            }
+        }
+    }
+
+    /// The unique name that owns `name` as far as this connection knows
+    /// (only names a match rule names as its sender are followed). On the loop.
+    public func knownOwner(of name: String) -> String? {
+        precondition(loop.inLoop, "owners are loop-confined")
+        return owners[name]
     }
 
     public func removeMatch(_ id: UInt64) {
@@ -199,10 +243,17 @@ public final class DBusConnection: @unchecked Sendable {
     }
 
     /// Emits a signal from one of our objects.
-    public func emitSignal(path: String, interface: String, member: String, arguments: [DBusValue]) {
+    /// `destination` makes it unicast (to one connection) rather than broadcast.
+    public func emitSignal(path: String, interface: String, member: String, arguments: [DBusValue], destination: String? = nil) {
         execute { [self] in
             guard let raw, !closed, DBusNames.isValidPath(path), DBusNames.isValidInterface(interface), DBusNames.isValidMember(member),
                   let message = dbus_message_new_signal(path, interface, member) else { return }
+            if let destination {
+                guard DBusNames.isValidBusName(destination), dbus_message_set_destination(message, destination) != 0 else {
+                    dbus_message_unref(message)
+                    return
+                }
+            }
             do {
                 try DBusMarshal.append(arguments, to: message)
                 dbus_connection_send(raw, message, nil)
@@ -367,6 +418,16 @@ public final class DBusConnection: @unchecked Sendable {
         }
     }
 
+    /// Keeps ``owners`` current, before any handler sees the signal, from
+    /// NameOwnerChanged as the bus daemon itself sent it (a unicast copy
+    /// from anyone else is not the bus's word).
+    private func noteOwnerChange(_ signal: DBusMessageInfo) {
+        guard signal.sender == DBusMatchRule.bus, signal.interface == DBusMatchRule.bus, signal.member == "NameOwnerChanged",
+              signal.arguments.count == 3, let name = signal.arguments[0].stringValue, trackedNames.contains(name),
+              let new = signal.arguments[2].stringValue else { return }
+        owners[name] = new.isEmpty ? nil : new
+    }
+
     /// Sends `message` (from any thread) and drops our reference to it.
     func sendReleasing(_ message: OpaquePointer) {
         let box = UncheckedBox(message)
@@ -430,8 +491,18 @@ public final class DBusConnection: @unchecked Sendable {
                 return DBUS_HANDLER_RESULT_HANDLED
             }
             let signal = info(message, kind: .signal)
-            for (_, entry) in matches.sorted(by: { $0.key < $1.key }) where entry.rule.matches(signal) {
-                entry.handler(signal)
+            noteOwnerChange(signal)
+            var refused = false
+            for (_, entry) in matches.sorted(by: { $0.key < $1.key }) {
+                switch entry.rule.verdict(signal, owner: { self.owners[$0] }) {
+                case .matches: entry.handler(signal)
+                case .wrongSender: refused = true
+                case .differs: break
+                }
+            }
+            if refused {
+                deniedSignals += 1
+                onRefusedSignal?(signal)
             }
             return DBUS_HANDLER_RESULT_HANDLED
         case DBUS_MESSAGE_TYPE_METHOD_CALL:

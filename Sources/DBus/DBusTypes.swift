@@ -43,8 +43,16 @@ public struct DBusMessageInfo: Sendable {
 }
 
 /// Which signals a handler wants; both the bus (AddMatch) and the local
-/// dispatch use it. `sender` is compared by the bus only (signals carry
-/// the sender's unique name locally).
+/// dispatch use it.
+///
+/// `sender` is checked here too, not only by the bus: the bus routes a
+/// *unicast* signal to its destination whatever that connection's match
+/// rules say, and any local user may send one (Debian's system.conf allows
+/// every signal). So a rule naming `org.freedesktop.DBus` takes only what
+/// the bus daemon itself sent, and a rule naming a well-known name such as
+/// `org.bluez` takes only what that name's current owner sent (the
+/// connection learns the owner with GetNameOwner and keeps it current from
+/// the bus's own NameOwnerChanged).
 public struct DBusMatchRule: Sendable, Hashable {
     public var sender: String?
     public var interface: String?
@@ -74,16 +82,37 @@ public struct DBusMatchRule: Sendable, Hashable {
         return parts.joined(separator: ",")
     }
 
-    func matches(_ message: DBusMessageInfo) -> Bool {
-        guard message.kind == .signal else { return false }
-        if let interface, message.interface != interface { return false }
-        if let member, message.member != member { return false }
-        if let path, message.path != path { return false }
-        if let pathNamespace, let messagePath = message.path {
-            if pathNamespace != "/", messagePath != pathNamespace, !messagePath.hasPrefix(pathNamespace + "/") { return false }
+    /// How a signal relates to the rule.
+    enum Verdict { case matches, differs, wrongSender }
+
+    /// Whether `message` is one of the rule's signals, and if it is one in
+    /// all but its sender, says so: an impostor, counted by the connection.
+    /// `owner` maps a well-known name to its current unique owner.
+    func verdict(_ message: DBusMessageInfo, owner: (String) -> String?) -> Verdict {
+        guard message.kind == .signal else { return .differs }
+        if let interface, message.interface != interface { return .differs }
+        if let member, message.member != member { return .differs }
+        if let path, message.path != path { return .differs }
+        if let pathNamespace {
+            guard let messagePath = message.path else { return .differs }
+            if pathNamespace != "/", messagePath != pathNamespace, !messagePath.hasPrefix(pathNamespace + "/") { return .differs }
         }
-        if let arg0, message.arguments.first?.stringValue != arg0 { return false }
-        return true
+        if let arg0, message.arguments.first?.stringValue != arg0 { return .differs }
+        guard let sender else { return .matches }
+        guard let actual = message.sender else { return .wrongSender }
+        // The bus daemon's own messages carry its name as their sender, and
+        // no client can take that name or a unique name that is not its own.
+        if sender.hasPrefix(":") || sender == DBusMatchRule.bus { return actual == sender ? .matches : .wrongSender }
+        guard let current = owner(sender) else { return .wrongSender }
+        return actual == current ? .matches : .wrongSender
+    }
+
+    /// The bus daemon's name, the sender of NameOwnerChanged.
+    public static let bus = "org.freedesktop.DBus"
+
+    /// Whether `sender` is a well-known name whose owner must be tracked.
+    var namesWellKnownSender: String? {
+        guard let sender, !sender.hasPrefix(":"), sender != DBusMatchRule.bus else { return nil }
+        return sender
     }
 }
-

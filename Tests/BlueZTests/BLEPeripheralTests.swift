@@ -563,6 +563,47 @@ struct BLEPeripheralTests {
         }
     }
 
+    /// Any local user may send a unicast signal to the daemon (the system
+    /// bus's default policy); only the daemon can check who sent it.
+    @Test func signalsFromImpostorsOfTheBusAndOfBluetoothdChangeNothing() throws {
+        try withAdvertisingPeripheral { bluez, ble, events in
+            let name = try bluez.peripheralName()
+            try bluez.write([0x01, 0x02, 0x00, 0x01], type: "command", to: name)
+            let loop = try testLoop()
+            defer { loop.stop() }
+            let stranger = try DBusConnection(address: bluez.connection.address, loop: loop, logger: logger)
+            defer { stranger.close() }
+            // "bluetoothd is gone", then "a stranger owns org.bluez".
+            stranger.emitSignal(path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
+                                arguments: [.string("org.bluez"), .string(bluez.connection.uniqueName), .string("")], destination: name)
+            stranger.emitSignal(path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
+                                arguments: [.string("org.bluez"), .string(""), .string(stranger.uniqueName)], destination: name)
+            // "The central left" and "a new central connected".
+            stranger.emitSignal(path: FakeBlueZ.centralA, interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged",
+                                arguments: [.string("org.bluez.Device1"), .properties([("Connected", .bool(false))]), .strings([])], destination: name)
+            stranger.emitSignal(path: "/", interface: "org.freedesktop.DBus.ObjectManager", member: "InterfacesAdded",
+                                arguments: [.objectPath("/org/bluez/hci0/dev_66_66_66_66_66_66"),
+                                            .dictionary(key: "s", value: "a{sv}", [DBusEntry(.string("org.bluez.Device1"), .properties([("Connected", .bool(true)), ("Address", .string("66:66:66:66:66:66"))]))])],
+                                destination: name)
+            // Synchronised on the outcome: all four were seen and dropped.
+            #expect(eventually { ble.status.statistics.spoofedSignals == 4 })
+            #expect(ble.stateDescription.hasPrefix("advertising"), "\(ble.stateDescription)")
+            #expect(ble.stateDescription.contains("4 signals ignored"))
+            #expect(events.disconnects.all.isEmpty, "a stranger's PropertiesChanged ended a central's session")
+            // bluetoothd is still believed and served: its next write is taken.
+            try bluez.write([0x02, 0x03, 0x00, 0x01, 0xF4], type: "command", to: name)
+            #expect(eventually { events.writes.all.count == 2 })
+            // The stranger is not: it still may not call, and a device it
+            // announced gets no session.
+            #expect(throws: DBusFailure.self) {
+                _ = try stranger.callAndWait(destination: name, path: BLEPeripheral.characteristicPath, interface: "org.bluez.GattCharacteristic1", method: "WriteValue",
+                                             arguments: [.bytes([0x00, 0x00]), .properties([("device", .objectPath(FakeBlueZ.centralA))])], timeout: Patience.time)
+            }
+            #expect(throws: DBusFailure.self) { try bluez.write([0x00, 0x00], type: "command", to: name, device: "/org/bluez/hci0/dev_66_66_66_66_66_66") }
+            #expect(events.writes.all.count == 2)
+        }
+    }
+
     @Test func writesLongerThanAnATTValueAreRefused() throws {
         try withAdvertisingPeripheral { bluez, ble, events in
             let name = try bluez.peripheralName()

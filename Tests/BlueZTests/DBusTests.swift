@@ -327,6 +327,54 @@ struct DBusConnectionTests {
         }
     }
 
+    /// A rule's sender is checked on arrival, not only by the bus: a unicast
+    /// signal reaches its destination whatever that connection asked for.
+    @Test func aRuleWithASenderTakesOnlyThatNamesCurrentOwnerAndTheBusOnlyFromTheBus() throws {
+        try withPair { owner, listener, bus in
+            let loop = try testLoop()
+            defer { loop.stop() }
+            let stranger = try DBusConnection(address: bus.address, loop: loop, logger: logger)
+            defer { stranger.close() }
+            let claimed = Collected<Bool>()
+            owner.requestName("org.example.Owner") { claimed.append((try? $0.get()) ?? false) }
+            #expect(eventually { claimed.all == [true] })
+            let heard = Collected<String>()
+            let ownerChanges = Collected<String>()
+            listener.addMatch(DBusMatchRule(sender: "org.example.Owner", interface: "org.example.News", member: "Said")) { signal in
+                heard.append(signal.arguments.first?.stringValue ?? "?")
+            }
+            listener.addMatch(DBusMatchRule(sender: DBusMatchRule.bus, interface: DBusMatchRule.bus, member: "NameOwnerChanged", arg0: "org.example.Owner")) { signal in
+                ownerChanges.append(signal.arguments.last?.stringValue ?? "?")
+            }
+            #expect(eventually { (try? listener.loop.submitAndWait { listener.knownOwner(of: "org.example.Owner") }) == owner.uniqueName })
+            let say = { (connection: DBusConnection, text: String, destination: String?) in
+                connection.emitSignal(path: "/news", interface: "org.example.News", member: "Said", arguments: [.string(text)], destination: destination)
+            }
+            say(stranger, "forged, unicast", listener.uniqueName)
+            say(stranger, "forged, broadcast", nil)
+            stranger.emitSignal(path: "/org/freedesktop/DBus", interface: DBusMatchRule.bus, member: "NameOwnerChanged",
+                                arguments: [.string("org.example.Owner"), .string(owner.uniqueName), .string(stranger.uniqueName)], destination: listener.uniqueName)
+            say(stranger, "forged after the forged owner change", listener.uniqueName)
+            say(owner, "true", nil)
+            // The stranger's three unicast forgeries (its broadcast one the
+            // bus itself keeps from a rule that names another sender).
+            #expect(eventually { heard.all == ["true"] && (try? listener.loop.submitAndWait { listener.deniedSignals }) == 3 })
+            #expect(try listener.loop.submitAndWait { listener.knownOwner(of: "org.example.Owner") } == owner.uniqueName)
+            #expect(ownerChanges.all.isEmpty)
+            // The name really changes hands: the bus says so, and the new
+            // owner is believed from then on, the old one no more.
+            let released = Collected<Bool>()
+            owner.call(destination: DBusMatchRule.bus, path: "/org/freedesktop/DBus", interface: DBusMatchRule.bus, method: "ReleaseName",
+                       arguments: [.string("org.example.Owner")]) { released.append((try? $0.get()) != nil) }
+            #expect(eventually { released.all == [true] })
+            stranger.requestName("org.example.Owner") { claimed.append((try? $0.get()) ?? false) }
+            #expect(eventually { claimed.all == [true, true] && ownerChanges.all == ["", stranger.uniqueName] })
+            say(owner, "old owner", listener.uniqueName)
+            say(stranger, "new owner", nil)
+            #expect(eventually { heard.all == ["true", "new owner"] })
+        }
+    }
+
     @Test func aLargeByteArrayStaysCompact() throws {
         try withPair { service, client, _ in
             let sink = DBusInterface("org.example.Sink")
