@@ -87,6 +87,10 @@ final class BoardReader {
     /// reads it.
     var schemaTrace: [(field: String, allowed: Set<String>, site: UInt)]?
 
+    /// Unknown keys are skipped rather than reported (the crash cleanup's
+    /// reading of a board file someone may have broken).
+    var lenient = false
+
     init(path: String) { self.path = path }
 
     func fail(_ node: Node?, _ field: String, _ message: String) {
@@ -109,6 +113,7 @@ final class BoardReader {
             }
             let fieldName = field.isEmpty ? name : "\(field).\(name)"
             if !allowed.contains(name) {
+                if lenient { continue }
                 fail(key, fieldName, "unknown key (expected one of: \(allowed.sorted().joined(separator: ", ")))")
             } else if entries[name] != nil {
                 fail(key, fieldName, "appears twice")

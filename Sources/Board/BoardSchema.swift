@@ -139,7 +139,7 @@ extension BoardReader {
         return result.sorted { $0.index < $1.index }
     }
 
-    private func busList(_ node: Node) -> [String: BusConfiguration] {
+    func busList(_ node: Node) -> [String: BusConfiguration] {
         guard case .mapping(let named, _) = node else {
             fail(node, "buses", "must map bus names to bus settings")
             return [:]
@@ -194,7 +194,7 @@ extension BoardReader {
 
     /// The chip keys: in `servo:` itself for one chip, in each entry of
     /// `servo.chips` for several.
-    private static let chipKeys = ["bus", "address", "frequency_hz", "oscillator_hz", "output_drive"]
+    static let chipKeys = ["bus", "address", "frequency_hz", "oscillator_hz", "output_drive"]
 
     private func servoController(_ node: Node, buses: [String: BusConfiguration]) -> ServoConfiguration? {
         guard let fields = mapping(node, "servo", allowed: Set(Self.chipKeys + ["chips", "channels", "max_flushes_per_period", "output_enable"])) else { return nil }
@@ -255,7 +255,7 @@ extension BoardReader {
     }
 
     /// One chip's settings from `fields` (the servo section or a chip entry).
-    private func chip(_ fields: Fields, buses: [String: BusConfiguration]) -> PCA9685Chip? {
+    func chip(_ fields: Fields, buses: [String: BusConfiguration]) -> PCA9685Chip? {
         let bus = checkBus(fields, buses)
         let address = address(fields, "address", default: 0x40)
         // The prescaler spans 3…255 (datasheet §7.3.5): 24 Hz…1526 Hz at 25 MHz.
@@ -412,7 +412,7 @@ extension BoardReader {
     }
 
     /// `led` and `servo.output_enable`: one GPIO output line.
-    private func gpioOutput(_ node: Node, field: String, activeLow defaultActiveLow: Bool) -> LEDConfiguration? {
+    func gpioOutput(_ node: Node, field: String, activeLow defaultActiveLow: Bool) -> LEDConfiguration? {
         guard let fields = mapping(node, field, allowed: ["emulated", "chip", "line", "line_name", "active_low"]) else { return nil }
         if bool(fields, "emulated", default: false) {
             if fields.entries.count > 1 { fail(node, field, "`emulated: true` takes no other settings") }

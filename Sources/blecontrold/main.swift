@@ -45,11 +45,18 @@ func loadBoard(_ path: String?) throws -> BoardConfiguration {
 
 let boardOption = Command.Option("board", value: "FILE", help: "Board file (YAML). Default: the built-in simulator board.")
 
+let recordOption = Command.Option("record", value: "FILE",
+                                  help: "The record of the outputs the daemon drives (the packaged units use \(OutputsRecord.defaultPath)).")
+
 let safeOutputs = Command(
     "safe-outputs",
-    abstract: "Switch every PCA9685 output off with one write and exit (for ExecStopPost=).",
+    abstract: "Switch every PCA9685 output off with one write, and servo.output_enable to disabled, and exit (for ExecStopPost=).",
     discussion: """
-    After a crash (kill -9, a fault) the chip keeps producing the last pulses; systemd runs this afterwards. \
+    After a crash (kill -9, a fault, the watchdog) the chip keeps producing the last pulses; systemd runs this afterwards. \
+    What it switches off comes first from --record, the chips and line the daemon recorded when it started (a reload cannot \
+    change them), so a board file edited since, broken or naming another chip, cannot keep it from the chips really driven. \
+    Without a record it reads --board leniently: only its buses and servo chips and output_enable, unknown keys and other \
+    sections ignored. It prints where its list came from and what it did. \
     It is the one command that writes to the chip without the board's instance lock, on purpose: the daemon \
     that held it is gone or hung, and an all-off write is safe in any state. \
     At boot (blecontrol-safe-outputs.service) it also switches off what the chip kept producing through a reboot \
@@ -57,15 +64,43 @@ let safeOutputs = Command(
     """,
     options: [
         boardOption,
+        recordOption,
         Command.Option("wait-for-bus", value: "SECONDS",
                        help: "Wait up to SECONDS (0-300, default 0) for the servo bus's device to appear (at boot, udev creates it)."),
     ]
 ) { arguments in
     bootstrapLogging(.warning)
-    let configuration = try loadBoard(arguments.option("board"))
     let wait = try arguments.integer("wait-for-bus", in: 0...300, default: 0)
+    var outputs: DrivenOutputs?
+    var notes: [String] = []
+    if let record = arguments.option("record") {
+        do {
+            outputs = try OutputsRecord.read(record)
+            if outputs != nil { notes.append("from \(record), as the daemon recorded them at its start") } else { notes.append("no record at \(record)") }
+        } catch {
+            notes.append("record not used: \(error)")
+        }
+    }
+    if outputs == nil {
+        if let path = arguments.option("board") {
+            let text: String
+            do {
+                let bytes = try Files.read(path, limit: BoardFile.maximumSize)
+                text = String(decoding: bytes, as: UTF8.self)
+            } catch {
+                throw ExitFailure("safe-outputs: \(notes.joined(separator: "; ")); board file \(path): \(error)")
+            }
+            let (read, problems) = BoardFile.drivenOutputs(leniently: text, path: path)
+            outputs = read
+            notes.append("from the board file \(path), read leniently" + (problems.isEmpty ? "" : " (left out: \(problems.map(\.description).joined(separator: "; ")))"))
+        } else {
+            outputs = DrivenOutputs(try loadBoard(nil))
+            notes.append("the built-in simulator board")
+        }
+    }
+    print("chips and lines: " + notes.joined(separator: "; "))
     do {
-        print(try BoardBuses.safeOutputs(configuration, waitingUpTo: .seconds(wait), logger: Logger(label: "blecontrold")))
+        print(try BoardBuses.safeOutputs(outputs!, waitingUpTo: .seconds(wait), logger: Logger(label: "blecontrold")))
     } catch {
         throw ExitFailure("safe-outputs: \(error)")
     }
@@ -86,6 +121,7 @@ let run = Command(
                        aliases: ["control-socket"]),
         Command.Option("tcp", value: "HOST:PORT", help: "Override the TCP listen address of the board file (port 0 picks a free one). Off loopback only if the board file itself listens off loopback (transports.tcp.allow_network)."),
         Command.Option("log-level", value: "LEVEL", help: "trace, debug, info, notice, warning, error or critical (default info)."),
+        recordOption,
     ],
     flags: [Command.Flag("check-board", help: "Validate the board file and exit.")]
 ) { arguments in
@@ -140,7 +176,7 @@ let run = Command(
     }
     let runtime: BoardRuntime
     do {
-        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socketPath)
+        runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socketPath, outputsRecord: arguments.option("record"))
     } catch {
         logger.critical("cannot start: \(error)")
         throw ExitFailure.silent(1)
@@ -176,7 +212,14 @@ let manual = Manual(section: 8, sections: [
     Manual.Section("Signals", [
         .item("SIGTERM, SIGINT", "Stop: every output off (servos, ESCs and PWM outputs stop pulsing, switches to their safe state), the LCD says so, then exit 0. Every other signal that would end a process (SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, …) does the same: none can leave the outputs pulsing."),
         .item("SIGHUP", "Read the board file again and apply what a running board can take: the channels (roles, calibration, failsafe), servo pacing, the failsafe timeouts, the protocol's idle timeout, and the TCP and BLE transports (restarted: their centrals reconnect). A file that changes what needs a restart (the name, buses, chips, the LCD, the LED, the serial transport, the control socket, realtime) is refused, and so is an invalid one, with the reason in the log: the board keeps running as before. `systemctl reload blecontrold` sends it."),
-        .item("SIGKILL", "Cannot be caught: the PCA9685 keeps producing the last pulses. The unit's ExecStopPost= runs `blecontrold safe-outputs`, which switches them off."),
+        .item("SIGKILL", "Cannot be caught: the PCA9685 keeps producing the last pulses. The unit's ExecStopPost= runs `blecontrold safe-outputs`, which switches them off (\"Crash cleanup\" below)."),
+    ]),
+    Manual.Section("Crash cleanup", [
+        .paragraph("1. At start, once its instance lock is taken and before any device is opened, `blecontrold run --record FILE` writes FILE (the package: /var/lib/blecontrol/driven-outputs): the bus and address of each PCA9685 on a real bus, and servo.output_enable's line. It writes a new file beside the old one, syncs it and renames it over, so a power cut leaves one or the other whole. A reload cannot change these (it refuses new buses, chips or output_enable), so the record stays true for the daemon's life."),
+        .paragraph("2. When the daemon ends however it ends (a stop, a crash, kill -9, the watchdog), systemd runs `blecontrold safe-outputs --record FILE --board /etc/blecontrol/board.yaml`. It believes FILE only if it is a regular file (not a link), neither it nor its directory writable by group or others, owned by root or by its directory's owner, and a complete record; then it switches off exactly those chips and that line, whatever the board file says by then (a typo, another address)."),
+        .paragraph("3. Without a record it can believe, it reads the board file leniently: only the buses and the servo section's chips and output_enable; unknown keys and every other section are ignored, and a chip whose entry is wrong is left out and named."),
+        .paragraph("4. Each chip gets ALL_LED_OFF (every output fully off) in one write, even when another chip fails; servo.output_enable is driven to disabled. It prints where its list came from and one line per chip and line; any failure is exit status 1 with every chip's outcome."),
+        .paragraph("5. At boot, blecontrol-safe-outputs.service does the same with --wait-for-bus 30, before bluetoothd and the daemon."),
     ]),
     Manual.Section("Failsafe", [
         .paragraph("When a central that commands an output disconnects (whatever other centrals, or the MQTT broker, are still connected; a central that never commanded an output is only an observer), when the centrals in control stay silent longer than failsafe.silence_timeout_ms, when the PCA9685 fails for failsafe.fault_timeout_ms, or when the servo thread is stuck in one bus write for failsafe.stall_timeout_ms, every channel goes to its failsafe (blecontrol-board(5): hold, off, or a pulse; an ESC gets its neutral pulse, then none). The LED blinks fast and the LCD shows FAILSAFE and the reason. It ends when a central sends a frame the board accepts; an ESC stays at its failsafe output until its channel is enabled again and given a new value, so a motor never resumes the throttle it had."),
@@ -195,6 +238,7 @@ let manual = Manual(section: 8, sections: [
     Manual.Section("Files", [
         .item("/etc/blecontrol/board.yaml", "The board file the service runs (blecontrol-board(5)); kept across upgrades."),
         .item("/usr/share/blecontrol/boards/", "Example board files: raspberry-pi.yaml, rc-car.yaml, hexapod.yaml, simulator.yaml (the built-in simulator board)."),
+        .item("/var/lib/blecontrol/driven-outputs", "The record of the chips and line the daemon drives, for safe-outputs (\"Crash cleanup\")."),
         .item("/run/blecontrol/control.sock", "The control socket blecontrol(1) talks to (the board file's control.socket)."),
         .item("$XDG_RUNTIME_DIR/blecontrol-simulator.sock", "The built-in simulator board's control socket (control.socket: private), in the directory only its user can write."),
         .item("/tmp/blecontrol-UID/simulator.sock", "The same without $XDG_RUNTIME_DIR: the daemon makes the directory with mode 0700, and refuses one that belongs to another user or that others may write."),

@@ -290,6 +290,67 @@ struct SimulatorEndToEndTests {
         #expect(safe.stderr.contains("/dev/i2c-1"))
     }
 
+    @Test("The instance lock is never a link nor someone else's file: the daemon refuses, and the link's target is untouched")
+    func instanceLockInASharedPlace() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("lock-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let target = directory.appendingPathComponent("precious").path
+        try "precious\n".write(toFile: target, atomically: true, encoding: .utf8)
+        let lock = directory.appendingPathComponent("blecontrold-simulator.lock").path
+        symlink(target, lock)
+        let socket = directory.appendingPathComponent("control.sock").path
+        let linked = try run(Executables.daemon, ["--socket", socket, "--tcp", "127.0.0.1:0"])
+        #expect(linked.status == 1)
+        #expect(linked.stderr.contains("symbolic link"), "\(linked.stderr)")
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "precious\n")
+        unlink(lock)
+        if geteuid() == 0 {
+            // Made first by another user (nobody).
+            try "".write(toFile: lock, atomically: false, encoding: .utf8)
+            chown(lock, 65534, 65534)
+            let theirs = try run(Executables.daemon, ["--socket", socket, "--tcp", "127.0.0.1:0"])
+            #expect(theirs.status == 1)
+            #expect(theirs.stderr.contains("someone else made it"), "\(theirs.stderr)")
+        }
+    }
+
+    @Test("safe-outputs: the daemon's record first, whatever the board file says since; without one, the board file read leniently")
+    func safeOutputsRecordFirst() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("record-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let record = directory.appendingPathComponent("driven-outputs").path
+        // A board the daemon ran: its chip at 0x41 on a bus this machine lacks.
+        let ran = directory.appendingPathComponent("ran.yaml")
+        try "name: pi\nbuses:\n  i2c:\n    device: /dev/i2c-97\nservo:\n  bus: i2c\n  address: 0x41\n  channels:\n    - channel: 0\n      role: servo\n".write(to: ran, atomically: true, encoding: .utf8)
+        let started = try run(Executables.daemon, ["--board", ran.path, "--record", record, "--socket", directory.appendingPathComponent("s").path])
+        #expect(started.status == 1, "\(started.stderr)")  // no /dev/i2c-97 here
+        // The record was written before the start failed: before any output.
+        #expect(FileManager.default.fileExists(atPath: record))
+        // Since then the file was edited: a typo, and another chip address.
+        let edited = directory.appendingPathComponent("edited.yaml")
+        try "name: pi\nbuses:\n  i2c:\n    device: /dev/i2c-98\nservo:\n  bus: i2c\n  address: 0x40\n  channels:\n    - channel: 0\n      role: servo\nlcd:\n  colums: 16\n".write(to: edited, atomically: true, encoding: .utf8)
+        let fromRecord = try run(Executables.daemon, ["safe-outputs", "--record", record, "--board", edited.path])
+        #expect(fromRecord.stdout.contains("chips and lines: from \(record)"), "\(fromRecord.stdout)")
+        #expect(fromRecord.stderr.contains("PCA9685 0x41 on /dev/i2c-97"), "\(fromRecord.stderr)")
+        #expect(!fromRecord.stderr.contains("i2c-98") && !fromRecord.stderr.contains("unknown key"), "\(fromRecord.stderr)")
+        // A record anyone could have written is not believed.
+        chmod(record, 0o666)
+        let untrusted = try run(Executables.daemon, ["safe-outputs", "--record", record, "--board", edited.path])
+        #expect(untrusted.stdout.contains("writable by group or others"), "\(untrusted.stdout)")
+        // No record: the edited file, leniently: its chip, not its typo.
+        try FileManager.default.removeItem(atPath: record)
+        let fromBoard = try run(Executables.daemon, ["safe-outputs", "--record", record, "--board", edited.path])
+        #expect(fromBoard.stdout.contains("no record at \(record); from the board file \(edited.path), read leniently"), "\(fromBoard.stdout)")
+        #expect(fromBoard.stderr.contains("PCA9685 0x40 on /dev/i2c-98"), "\(fromBoard.stderr)")
+        #expect(fromBoard.status == 1)
+        // A link where the record should be is not followed.
+        symlink(ran.path, record)
+        let linked = try run(Executables.daemon, ["safe-outputs", "--record", record, "--board", edited.path])
+        #expect(linked.stdout.contains("record not used"), "\(linked.stdout)")
+    }
+
     @Test("A bad board file or bad arguments: a clear message and exit status 2")
     func badBoardFile() throws {
         let directory = FileManager.default.temporaryDirectory

@@ -100,8 +100,9 @@ public enum BoardBuses {
     }
 
     /// Switches every PCA9685 output off with one write per chip, without
-    /// starting or sleeping the chip: what `blecontrold safe-outputs` does
-    /// after a crash (systemd's ExecStopPost=). It is the one thing that
+    /// starting or sleeping the chip, and the output-enable line to
+    /// disabled: what `blecontrold safe-outputs` does after a crash
+    /// (systemd's ExecStopPost=) and at boot. It is the one thing that
     /// touches the chips without the instance lock, on purpose: it runs
     /// when the daemon that held the lock is gone (or hung), and an all-off
     /// write is safe whatever state the chip is in. Returns what it did.
@@ -110,34 +111,44 @@ public enum BoardBuses {
     /// has loaded the adapter's driver and i2c-dev, which can come after
     /// this runs: wait for the chips' bus devices this long (nothing is
     /// written until they exist; a bus that never comes is the error).
-    public static func safeOutputs(_ configuration: BoardConfiguration, waitingUpTo wait: Duration = .zero, logger: Logger) throws -> String {
-        guard let servo = configuration.servo else { return "no servo controller on this board: nothing to switch off" }
-        let chips = servo.chips.filter { configuration.buses[$0.bus]?.kind != .emulated }
-        if chips.isEmpty { return "the servo bus is emulated: nothing outlives the daemon, nothing to switch off" }
-        let kinds = chips.compactMap { configuration.buses[$0.bus]?.kind }
+    public static func safeOutputs(_ outputs: DrivenOutputs, waitingUpTo wait: Duration = .zero, logger: Logger) throws -> String {
+        if outputs.chips.isEmpty, outputs.outputEnable == nil { return "no PCA9685 on a real bus: nothing outlives the daemon, nothing to switch off" }
         let deadline = ContinuousClock.now + wait
-        while !kinds.allSatisfy(\.isPresent), ContinuousClock.now < deadline {
+        while !outputs.chips.allSatisfy(\.bus.isPresent), ContinuousClock.now < deadline {
             sleepThread(.milliseconds(20))
         }
-        let (buses, _) = try open(configuration, logger: logger)
         // Every chip gets its write even when one fails: one dead chip must
         // not leave another one's ESC running.
         var done: [String] = []
         var failed: [String] = []
-        for chip in chips {
-            guard let bus = buses[chip.bus] else { failed.append("\(chip): no bus \(chip.bus)"); continue }
-            let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(chip), logger: logger)
+        var opened: [String: LinuxI2CBus] = [:]
+        for chip in outputs.chips {
             do {
+                guard let path = try chip.bus.devicePath() else { continue }
+                let bus = try opened[path] ?? LinuxI2CBus(path: path, logger: logger)
+                opened[path] = bus
+                let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(address: chip.address), logger: logger)
                 try driver.allOff()
-                done.append("\(chip)")
+                done.append("\(chip): every output off")
             } catch {
                 failed.append("\(chip): \(error)")
             }
         }
-        guard failed.isEmpty else {
-            throw SetupError(description: (failed + done.map { "\($0): every output off" }).joined(separator: "; "))
+        if case .gpio(let chip, let offset, let lineName, let activeLow)? = outputs.outputEnable {
+            // Requested inactive: the PCA9685's /OE disables every output
+            // (datasheet §7.4), whatever its registers hold.
+            do {
+                let line = try GPIODLine(chip: chip, offset: offset, lineName: lineName, activeLow: activeLow, consumer: "blecontrold safe-outputs")
+                try line.set(false)
+                done.append("output enable \(line.label): outputs disabled")
+            } catch {
+                failed.append("servo.output_enable: \(error)")
+            }
         }
-        return done.map { "\($0): every output off" }.joined(separator: "\n")
+        guard failed.isEmpty else {
+            throw SetupError(description: (failed + done).joined(separator: "; "))
+        }
+        return done.joined(separator: "\n")
     }
 }
 

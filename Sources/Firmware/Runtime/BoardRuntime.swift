@@ -55,7 +55,11 @@ public final class BoardRuntime: @unchecked Sendable {
     ///   - controlSocketPath: overrides the board file's control socket;
     ///     the instance lock lives beside it.
     ///   - notifier: systemd's notification socket (tests pass their own).
-    public init(configuration: BoardConfiguration, logger: Logger, controlSocketPath: String? = nil, notifier: SystemdNotifier = SystemdNotifier()) throws {
+    ///   - outputsRecord: where to record the chips and line this daemon
+    ///     drives (``OutputsRecord``), once the instance lock is ours and
+    ///     before any device is opened, for `blecontrold safe-outputs`.
+    public init(configuration: BoardConfiguration, logger: Logger, controlSocketPath: String? = nil, notifier: SystemdNotifier = SystemdNotifier(),
+                outputsRecord: String? = nil) throws {
         self.configuration = configuration
         self.logger = logger
         self.notifier = notifier
@@ -63,6 +67,15 @@ public final class BoardRuntime: @unchecked Sendable {
         self.controlSocketPath = socketPath
         // Before any device is opened: a second daemon must not touch the chips.
         instanceLock = try InstanceLock(directory: Files.environment("RUNTIME_DIRECTORY") ?? Files.directory(of: socketPath), board: configuration.name)
+        if let outputsRecord {
+            // Without it the crash cleanup falls back to the board file: a
+            // warning, not a reason to leave the board off.
+            do {
+                try OutputsRecord.write(DrivenOutputs(configuration), to: outputsRecord)
+            } catch {
+                logger.error("the outputs record was not written (safe-outputs will read the board file instead): \(error)")
+            }
+        }
         loop = try EventLoop(name: "blecontrol-io")
         parts = try BoardAssembly(configuration: configuration, watchdogInterval: notifier.watchdogInterval, logger: logger)
         dispatcher = Dispatcher(servo: parts.servo, lcd: parts.lcd, switches: parts.switches, logger: logger)

@@ -31,10 +31,23 @@ final class InstanceLock: Sendable {
         let safeName = String(board.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" ? $0 : "_" })
         path = (directory.isEmpty ? "." : directory) + "/blecontrold-\(safeName).lock"
         Files.makeDirectories(directory.isEmpty ? "." : directory)
-        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else {
-            throw BoardBuses.SetupError(description: "cannot create the instance lock \(path): \(String(cString: strerror(errno)))")
+        // Never through a symlink, and never someone else's file: in a
+        // directory others can write (a socket in /tmp), a name made there
+        // first must not get a root daemon to truncate and write its target.
+        var descriptor = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
+        if descriptor < 0, errno == EEXIST {
+            descriptor = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
         }
+        guard descriptor >= 0 else {
+            let reason = errno == ELOOP ? "it is a symbolic link" : String(cString: strerror(errno))
+            throw BoardBuses.SetupError(description: "cannot create the instance lock \(path): \(reason)")
+        }
+        var file = stat()
+        guard fstat(descriptor, &file) == 0, file.st_mode & S_IFMT == S_IFREG, file.st_uid == geteuid() else {
+            close(descriptor)
+            throw BoardBuses.SetupError(description: "the instance lock \(path) is not a file of this user's (uid \(file.st_uid)): someone else made it; remove it, or put the control socket in a directory only this user can write")
+        }
+        fd = descriptor
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let holder = Files.text(path, limit: 64)?.trimmed
             close(fd)

@@ -487,6 +487,42 @@ else
     }
     check h4 "kill -9: ExecStopPost safe-outputs switched every output off, systemd restarted it" kill_nine
 
+    # The crash cleanup cannot be talked out of its job by an edit (issue
+    # 36): the board file gets a typo, its reload is refused and the daemon
+    # runs on with the old file; then kill -9. safe-outputs switches off
+    # what the daemon recorded at its start, not what the broken file says;
+    # the restart fails on the typo (status 2) and is not retried.
+    kill_nine_broken_board() {
+        move_servo || return 1
+        poke 0x40 0xfd 0x00
+        local at pid
+        cp /etc/blecontrol/board.yaml "$work/board.before-typo"
+        { cat "$work/board.before-typo"; printf 'lcd_colums: 16\n'; } >"$work/board.typo"
+        replace_board "$work/board.typo"
+        at=$(cursor); pid=$(prop MainPID)
+        systemctl reload blecontrold.service
+        until_true 600 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'reload refused'" \
+            || { echo "no refused reload in the journal"; replace_board "$work/board.before-typo"; return 1; }
+        [ "$(prop MainPID)" = "$pid" ] && expect_reg 0x40 0xfd 0x00 || { echo "the refused reload stopped the daemon or its outputs"; replace_board "$work/board.before-typo"; return 1; }
+        kill -KILL "$pid"
+        until_true 1200 sh -c '[ "$(systemctl show -P ActiveState blecontrold)" = failed ]'
+        unit_log_since "$at" >"$work/kill9-typo.log"
+        local state off
+        state=$(prop ActiveState)
+        # Before anything starts again: the chip as the cleanup left it.
+        off=$(all_off 2>&1) && off=yes
+        replace_board "$work/board.before-typo"
+        systemctl reset-failed blecontrold.service
+        systemctl start blecontrold.service
+        until_true 600 is_active
+        [ "$state" = failed ] || { echo "unit $state after the kill with a broken board file"; return 1; }
+        grep -q 'chips and lines: from /var/lib/blecontrol/driven-outputs' "$work/kill9-typo.log" \
+            || { echo "safe-outputs did not use the record: $(grep -i 'safe-outputs\|chips and lines' "$work/kill9-typo.log" | tail -n 3 | tr '\n' '|')"; return 1; }
+        grep -q 'PCA9685 .* every output off' "$work/kill9-typo.log" || { echo "no every-output-off line"; return 1; }
+        [ "$off" = yes ] || { echo "after the cleanup: $off"; return 1; }
+    }
+    check h4b "kill -9 with a board file broken by an edit (reload refused): safe-outputs used the daemon's record and switched every output off" kill_nine_broken_board
+
     # A stuck servo thread: SIGSTOP to the thread the daemon names (which,
     # being SIGSTOP, stops the whole process): the watchdog pings stop.
     watchdog_kill() {
