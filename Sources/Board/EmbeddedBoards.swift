@@ -153,7 +153,7 @@ protocol:
   idle_timeout_ms: 500          # a partial frame older than this is discarded
 
 failsafe:
-  silence_timeout_ms: 0         # no frame for this long: failsafe (0: off)
+  silence_timeout_ms: 0         # a central in control silent this long: failsafe (0: off)
   stall_timeout_ms: 500         # servo thread stuck in one bus write this long: failsafe
   fault_timeout_ms: 1000        # PCA9685 failing this long: failsafe
 

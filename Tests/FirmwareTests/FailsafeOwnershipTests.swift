@@ -31,7 +31,7 @@ private final class OwnershipRig {
         board = try EmulatedBoard()
         hub = board.hub(on: loop, idleTimeout: nil)
         hub.onCommanderLeft = { [unowned self] session, outputs in left.append((session.transport, outputs)) }
-        hub.onCentralInControl = { [unowned self] session in inControl.append(session.transport) }
+        hub.onCentralInControl = { [unowned self] session, _ in inControl.append(session.transport) }
     }
 
     func open(_ kind: TransportKind) -> Session { hub.open(transport: kind, peer: "\(kind)") { _ in } }
@@ -127,6 +127,75 @@ struct FailsafeOwnershipRuleTests {
         #expect(rig.hub.lastFrameAt == commanded)
         rig.send([.initialize], from: commander)
         #expect(rig.hub.lastFrameAt == commanded + .milliseconds(100), "any frame of the commander's counts")
+    }
+}
+
+@Suite("Silence is per commander, on virtual time")
+struct SilencePerCommanderTests {
+    /// The rig's hub watched as the runtime watches it.
+    private static func watched(_ rig: OwnershipRig, timeout: Duration) -> (FailsafeWatch, () -> [(TransportKind, [Dispatcher.Output], ContinuousClock.Instant)]) {
+        final class Record { var all: [(TransportKind, [Dispatcher.Output], ContinuousClock.Instant)] = [] }
+        let silenced = Record()
+        rig.hub.onCommanderSilent = { session, outputs in silenced.all.append((session.transport, outputs, rig.loop.now)) }
+        let watch = FailsafeWatch(loop: rig.loop, silenceTimeout: timeout, stallTimeout: .seconds(600),
+                                  lastFrame: { rig.hub.quietestCommanderFrameAt },
+                                  silence: { rig.hub.silenceCommanders(quietFor: $0) },
+                                  busyFor: { _ in nil }, acknowledgeBusy: {}, engage: { _ in })
+        rig.hub.onFrame = { watch.frameArrived() }
+        return (watch, { silenced.all })
+    }
+
+    @Test("For every pair of central transports: a frozen commander fails safe at its own deadline, however often another commander writes; the busy one only once it stops")
+    func frozenBesideBusy() throws {
+        for frozenKind in centralKinds {
+            for busyKind in centralKinds {
+                let rig = try OwnershipRig()
+                let (watch, silenced) = Self.watched(rig, timeout: .milliseconds(1000))
+                let frozen = rig.open(frozenKind)
+                let busy = rig.open(busyKind)
+                let t0 = rig.loop.now
+                rig.send([.enable(channel: 0, on: true), .servo(channel: 0, value: 1000)], from: frozen)
+                // The review's case: a command every 300 ms from the other one.
+                var last = t0
+                for step in 1...10 {
+                    rig.loop.advance(to: t0 + .milliseconds(300 * step))
+                    rig.send(step == 1 ? [.enable(channel: 1, on: true)] : [.servo(channel: 1, value: UInt16(step * 50))], from: busy)
+                    last = rig.loop.now
+                }
+                let label = "\(frozenKind) frozen, \(busyKind) busy"
+                #expect(silenced().map(\.0) == [frozenKind], "\(label)")
+                #expect(silenced().first?.1 == [.channel(0)], "\(label)")
+                #expect(silenced().first?.2 == t0 + .milliseconds(1000), "at its own deadline (\(label))")
+                #expect(rig.hub.sessions.count == 2, "its connection stays open (\(label))")
+                rig.loop.advance(to: last + .milliseconds(999))
+                #expect(silenced().count == 1, "\(label)")
+                rig.loop.advance(to: last + .milliseconds(1000))
+                #expect(silenced().map(\.0) == [frozenKind, busyKind], "\(label)")
+                #expect(silenced().last?.1 == [.channel(1)], "\(label)")
+                #expect(rig.loop.pendingTimers == 0, "nobody in control: no timer (\(label))")
+                watch.cancel()
+            }
+        }
+    }
+
+    @Test("An observer's frames never end a failsafe; a command does, and its sender is then watched again")
+    func observersEndNothing() throws {
+        let rig = try OwnershipRig()
+        let (_, silenced) = Self.watched(rig, timeout: .milliseconds(500))
+        let observer = rig.open(.mqtt)
+        let commander = rig.open(.ble)
+        rig.send([.enable(channel: 4, on: true)], from: commander)
+        #expect(rig.inControl == [.ble])
+        rig.loop.advance(by: .milliseconds(500))
+        #expect(silenced().map(\.0) == [.ble])
+        // Text, CLEAR and INIT from anyone, the silenced commander included.
+        rig.send([.lcdText(line: 0, text: Array("hi".utf8)), .lcdClear, .initialize], from: observer)
+        rig.send([.initialize, .lcdText(line: 1, text: Array("me".utf8))], from: commander)
+        #expect(rig.inControl == [.ble], "no observer's frame ended the failsafe")
+        rig.send([.pwm(channel: 4, value: 100)], from: commander)
+        #expect(rig.inControl == [.ble, .ble])
+        rig.loop.advance(by: .milliseconds(500))
+        #expect(silenced().map(\.0) == [.ble, .ble])
     }
 }
 

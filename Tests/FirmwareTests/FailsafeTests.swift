@@ -255,6 +255,12 @@ struct FailsafeWatchTests {
     private func watch(_ loop: ManualLoop, _ probe: Probe, silence: Duration?, stall: Duration = .milliseconds(500)) -> FailsafeWatch {
         FailsafeWatch(loop: loop, silenceTimeout: silence, stallTimeout: stall,
                       lastFrame: { probe.lastFrame },
+                      silence: { timeout in
+                          // The hub silences the quiet commanders: they command nothing now.
+                          probe.engaged.append(("silent for \(Int(timeout.inSeconds * 1000)) ms", loop.now))
+                          probe.lastFrame = nil
+                          return 1
+                      },
                       busyFor: { now in probe.busySince.map { $0.duration(to: now) } },
                       acknowledgeBusy: { probe.acknowledged += 1 },
                       engage: { probe.engaged.append(($0, loop.now)) })
@@ -276,7 +282,7 @@ struct FailsafeWatchTests {
         #expect(probe.engaged.isEmpty)
         loop.advance(to: last + .milliseconds(300))
         #expect(probe.engaged.count == 1)
-        #expect(probe.engaged.first?.0 == "no frame for 300 ms")
+        #expect(probe.engaged.first?.0 == "silent for 300 ms")
         #expect(probe.engaged.first?.1 == last + .milliseconds(300))
         loop.advance(by: .seconds(10))
         #expect(probe.engaged.count == 1, "once per silence")
@@ -335,7 +341,7 @@ struct SessionHubTests {
         let hub = board.hub(on: loop, idleTimeout: nil)
         var inControl = 0
         var commanderGone = 0
-        hub.onCentralInControl = { _ in inControl += 1 }
+        hub.onCentralInControl = { _, _ in inControl += 1 }
         hub.onCommanderLeft = { _, _ in commanderGone += 1 }
         var session: Session!
         // Sending the ERROR reply fails: the transport closes the session
@@ -382,9 +388,11 @@ struct FailsafeTests {
         #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("FAILSAFE") == true })
         #expect(try board.runtime.status().lcd?.overlay == "failsafe")
 
-        // A central back in control: the failsafe ends and the text it left comes back.
+        // A central back in control: the failsafe ends and the text it left
+        // comes back. INIT alone commands nothing: a command does it.
         let again = try LoopbackTCPClient(port: board.port)
         try again.send(FrameEncoder.encode(.initialize))
+        try again.send(FrameEncoder.encode(.enable(channel: 0, on: true)))
         #expect(eventually { (try? board.servo().failsafe) == nil })
         #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("user text") == true })
         #expect(try board.runtime.status().lcd?.overlay == nil)
@@ -417,9 +425,41 @@ struct FailsafeTests {
         let board = try RunningBoard(yaml: testBoard(silenceMs: 300))
         let central = try board.drivingCentral()
         #expect(eventually { (try? board.servo().failsafe) != nil })
-        #expect(try board.servo().failsafe?.contains("no frame for 300 ms") == true)
+        let reason = try board.servo().failsafe
+        #expect(reason?.hasPrefix("central silent: tcp") == true, "\(String(describing: reason))")
         #expect(eventually { abs(board.pulse(3) - 1500) < 5 })
         _ = central
+    }
+
+    @Test("Silence is per commander on real TCP: a frozen central's channel fails safe while another central writes without pause")
+    func frozenBesideBusyOverTCP() throws {
+        let board = try RunningBoard(yaml: testBoard(silenceMs: 3000))
+        let frozen = try LoopbackTCPClient(port: board.port)
+        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        let busy = try LoopbackTCPClient(port: board.port)
+        // A switch frame after another (the review's SWITCH_VAL central),
+        // until the failsafe engages; bounded by tries, not a clock.
+        var reason: String?
+        for round in 0..<200_000 where reason == nil {
+            try busy.send(FrameEncoder.encode(.switchValue(index: 0, on: round % 2 == 0)))
+            usleep(1000)
+            if round % 10 == 0 { reason = try board.servo().failsafe }
+        }
+        #expect(reason?.hasPrefix("central silent: tcp 127.0.0.1:") == true, "\(String(describing: reason))")
+        #expect(reason?.hasSuffix("(channel 0)") == true, "the frozen central's channel, not the busy one's switch: \(String(describing: reason))")
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 }, "a servo's failsafe is hold: it stays where it was")
+        // Another central's text and its own switch end nothing; taking
+        // channel 0 over does. A round trip through the same connection
+        // (the settle's INIT) shows the first two were dealt with.
+        var frames = try board.runtime.status().counters.frames
+        try busy.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("busy".utf8))) + FrameEncoder.encode(.switchValue(index: 0, on: true)))
+        frames += 2
+        try board.settle(frames: frames)
+        #expect(try board.servo().failsafe == reason, "another central's frames for its own outputs did not end it")
+        try busy.send(FrameEncoder.encode(.servo(channel: 0, value: 500)))
+        #expect(eventually { (try? board.servo().failsafe) == nil && abs(board.pulse(0) - 1500) < 5 })
+        _ = frozen
     }
 
     @Test("A PCA9685 that stops answering puts the board in failsafe; the failsafe outputs land when it returns")

@@ -33,6 +33,9 @@ public final class BoardRuntime: @unchecked Sendable {
     private let control: ControlServer
     private let controlSocketPath: String
     var watch: FailsafeWatch?
+    /// The outputs whose commander left or went silent while the failsafe
+    /// holds: a command of one of them ends it (nil: any command does).
+    var failsafeOutputs: Set<Dispatcher.Output>?
     private var indicator: StatusIndicator?
     var transportState = StatusReport.Transports()
     /// The pairing passkey on display (nil: none): never published, shown
@@ -215,7 +218,8 @@ public final class BoardRuntime: @unchecked Sendable {
         }
         let watch = FailsafeWatch(
             loop: loop, silenceTimeout: configuration.silenceTimeout, stallTimeout: configuration.stallTimeout,
-            lastFrame: { [unowned self] in self.hub.lastFrameAt },
+            lastFrame: { [unowned self] in self.hub.quietestCommanderFrameAt },
+            silence: { [unowned self] timeout in self.hub.silenceCommanders(quietFor: timeout) },
             busyFor: { servo.busyFor(at: $0) },
             acknowledgeBusy: { servo.acknowledgeBusy() },
             engage: { reason in servo.engageFailsafe(reason: reason) }
@@ -233,7 +237,13 @@ public final class BoardRuntime: @unchecked Sendable {
         }
         servo.onBusy = { [loop] _ in loop.execute(reportBusy) }
         hub.onFrame = { watch.frameArrived() }
-        hub.onCentralInControl = { [unowned self] _ in
+        hub.onCentralInControl = { [unowned self] _, taken in
+            // A failsafe a commander took with it (left, or went silent)
+            // ends when a central takes one of those outputs over; another
+            // central's commands of its own outputs end nothing (issue 36).
+            // Any other failsafe (a fault, a stall) ends with any command.
+            if let pending = failsafeOutputs, pending.isDisjoint(with: taken) { return }
+            failsafeOutputs = nil
             guard let cleared = servo.clearFailsafe() else { return }
             notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
             parts.lcd?.show(.failsafe, nil)
@@ -241,8 +251,11 @@ public final class BoardRuntime: @unchecked Sendable {
             mqtt?.statusMayHaveChanged()
         }
         hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
-        hub.onCommanderLeft = { session, outputs in
-            servo.engageFailsafe(reason: Self.commanderLeftReason(session, outputs))
+        hub.onCommanderLeft = { [unowned self] session, outputs in
+            commanderFailsafe(Self.commanderLeftReason(session, outputs), outputs)
+        }
+        hub.onCommanderSilent = { [unowned self] session, outputs in
+            commanderFailsafe(Self.commanderLeftReason(session, outputs, silent: true), outputs)
         }
         ble.onPasskey = { [unowned self] passkey in
             self.passkey = passkey
@@ -255,10 +268,22 @@ public final class BoardRuntime: @unchecked Sendable {
         }
     }
 
+    /// On the loop: a commander left or went silent with `outputs`. A
+    /// failsafe engaged for another reason stays one that any command ends.
+    private func commanderFailsafe(_ reason: String, _ outputs: [Dispatcher.Output]) {
+        guard let servo = parts.servo else { return }
+        if servo.failsafeReason == nil {
+            failsafeOutputs = Set(outputs)
+        } else if failsafeOutputs != nil {
+            failsafeOutputs?.formUnion(outputs)
+        }
+        servo.engageFailsafe(reason: reason)
+    }
+
     /// "central left: tcp 127.0.0.1:40000 (channels 0, 4; switch 1)": what
     /// it was, and what it was in control of. The first 16 characters are
     /// what a 16×2 LCD shows under FAILSAFE.
-    static func commanderLeftReason(_ session: Session, _ outputs: [Dispatcher.Output]) -> String {
+    static func commanderLeftReason(_ session: Session, _ outputs: [Dispatcher.Output], silent: Bool = false) -> String {
         var channels: [String] = []
         var switches: [String] = []
         for output in outputs {
@@ -270,7 +295,7 @@ public final class BoardRuntime: @unchecked Sendable {
         var parts: [String] = []
         if !channels.isEmpty { parts.append("\(channels.count == 1 ? "channel" : "channels") \(channels.joined(separator: ", "))") }
         if !switches.isEmpty { parts.append("\(switches.count == 1 ? "switch" : "switches") \(switches.joined(separator: ", "))") }
-        return "central left: \(session.transport) \(session.peer) (\(parts.joined(separator: "; ")))"
+        return "\(silent ? "central silent" : "central left"): \(session.transport) \(session.peer) (\(parts.joined(separator: "; ")))"
     }
 
     /// On the loop: the board's own message on the LCD while the failsafe

@@ -1,8 +1,8 @@
 import Hardware
 import Reactor
 
-/// The failsafe triggers that need a clock: no frame for the silence
-/// timeout, and the servo thread stuck in one bus transfer for the stall
+/// The failsafe triggers that need a clock: a commander silent for the
+/// silence timeout (each commander on its own frames), and the servo thread stuck in one bus transfer for the stall
 /// timeout. Deadline-driven on the event loop (a ``Scheduler``): it arms at
 /// most one timer per trigger, at the instant the trigger could fire, and
 /// none at all while the board is idle and already silent, so it costs no
@@ -13,24 +13,26 @@ final class FailsafeWatch: @unchecked Sendable {
     private let loop: any Scheduler
     var silenceTimeout: Duration?
     var stallTimeout: Duration
-    /// When the last frame arrived (the hub's lastFrameAt).
+    /// When the quietest commander's last frame arrived (the hub's).
     private let lastFrame: () -> ContinuousClock.Instant?
+    /// Silences every commander quiet for the timeout (the hub's
+    /// silenceCommanders); returns how many it silenced.
+    private let silence: (Duration) -> Int
     /// How long the servo thread has been in its current transfer.
     private let busyFor: (ContinuousClock.Instant) -> Duration?
     private let engage: (String) -> Void
     private let acknowledgeBusy: () -> Void
     private var silenceTimer: LoopToken?
     private var stallTimer: LoopToken?
-    /// The last frame a silence failsafe fired for (fires once per silence).
-    private var silencedAt: ContinuousClock.Instant?
 
     init(loop: any Scheduler, silenceTimeout: Duration?, stallTimeout: Duration,
-         lastFrame: @escaping () -> ContinuousClock.Instant?, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
+         lastFrame: @escaping () -> ContinuousClock.Instant?, silence: @escaping (Duration) -> Int, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
          acknowledgeBusy: @escaping () -> Void, engage: @escaping (String) -> Void) {
         self.loop = loop
         self.silenceTimeout = silenceTimeout
         self.stallTimeout = stallTimeout
         self.lastFrame = lastFrame
+        self.silence = silence
         self.busyFor = busyFor
         self.acknowledgeBusy = acknowledgeBusy
         self.engage = engage
@@ -65,9 +67,10 @@ final class FailsafeWatch: @unchecked Sendable {
         silenceTimer = nil
         guard let silenceTimeout, let last = lastFrame() else { return }
         if last.duration(to: loop.now) >= silenceTimeout {
-            guard silencedAt != last else { return }
-            silencedAt = last
-            engage("no frame for \(Int(silenceTimeout.inSeconds * 1000)) ms")
+            // The silenced commanders command nothing now: the next quietest
+            // one, if any, sets the next deadline.
+            _ = silence(silenceTimeout)
+            if let next = lastFrame() { armSilence(from: next) }
         } else {
             // Frames came meanwhile: look again at the new deadline.
             armSilence(from: last)

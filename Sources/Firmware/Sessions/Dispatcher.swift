@@ -37,6 +37,9 @@ public final class Dispatcher: @unchecked Sendable {
     /// so a central whose output the CLI touched still takes the failsafe
     /// with it when it leaves.
     public private(set) var commanders: [Output: Int] = [:]
+    /// Output commands from centrals accepted since start: a frame that
+    /// moved this is one that commanded an output (what ends a failsafe).
+    public private(set) var centralCommands = 0
 
     public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
         self.servo = servo
@@ -65,7 +68,10 @@ public final class Dispatcher: @unchecked Sendable {
                 counters.errors += 1
                 return .error(command: message.command.rawValue)
             }
-            if let central, let output = Self.output(of: message) { commanders[output] = central }
+            if let central, let output = Self.output(of: message) {
+                commanders[output] = central
+                centralCommands += 1
+            }
             return nil
         case .error(let error):
             if case .partialFrameDiscarded = error {

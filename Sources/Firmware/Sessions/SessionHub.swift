@@ -20,9 +20,19 @@ public final class SessionHub: @unchecked Sendable {
     /// command is the last of some output (the silence watch follows the
     /// centrals in control, not observers nor the control socket).
     public private(set) var lastFrameAt: ContinuousClock.Instant?
-    /// A central that is still connected had a frame accepted: it is in
-    /// control (the failsafe ends here, and only here).
-    public var onCentralInControl: ((Session) -> Void)?
+    /// When each commander's own last frame arrived: silence is judged per
+    /// commander, so a busy central cannot keep a frozen one's outputs alive.
+    private var heardFrom: [Int: ContinuousClock.Instant] = [:]
+    /// A central that is still connected had an output command accepted
+    /// (ANALOG_OUT_EN, SERVO_VAL, PWM_VAL or SWITCH_VAL): it is in control,
+    /// with the outputs it took over by it (those it did not command
+    /// before). The failsafe ends here, and only here. Text, CLEAR and INIT
+    /// end nothing: an observer cannot end a failsafe.
+    public var onCentralInControl: ((Session, Set<Dispatcher.Output>) -> Void)?
+    /// A commander sent nothing for the silence timeout while its
+    /// connection stayed open: it takes the failsafe with it as one that
+    /// leaves does, and commands nothing until its next output command.
+    public var onCommanderSilent: ((Session, [Dispatcher.Output]) -> Void)?
     /// A frame arrived from a commander (the silence watch).
     public var onFrame: (() -> Void)?
     /// A central connected or left (the LED pattern follows).
@@ -71,10 +81,13 @@ public final class SessionHub: @unchecked Sendable {
         guard open[session.id] != nil else { return }
         let now = loop.now
         let before = session.counters
+        let commandsBefore = dispatcher.centralCommands
+        let ownedBefore = session.transport.isCentral ? Set(dispatcher.outputs(commandedBy: session.id)) : []
         session.receive(bytes, at: now)
         if session.counters.frames != before.frames {
             if session.transport.isCentral, dispatcher.commands(session.id) {
                 lastFrameAt = now
+                heardFrom[session.id] = now
                 onFrame?()
             }
             onActivity?()
@@ -82,8 +95,8 @@ public final class SessionHub: @unchecked Sendable {
         // Replying may have failed and closed the session (a reset right
         // after a frame that drew an ERROR): a central that is gone is not
         // in control, whatever it sent last.
-        if session.counters.accepted != before.accepted, session.transport.isCentral, open[session.id] != nil {
-            onCentralInControl?(session)
+        if dispatcher.centralCommands != commandsBefore, session.transport.isCentral, open[session.id] != nil {
+            onCentralInControl?(session, Set(dispatcher.outputs(commandedBy: session.id)).subtracting(ownedBefore))
         }
         rearm(session)
     }
@@ -116,10 +129,46 @@ public final class SessionHub: @unchecked Sendable {
         session.close(at: loop.now)
         logger.info("session \(session.id) closed (\(session.transport) \(session.peer)): \(session.counters.frames) frames, \(session.counters.errors) errors")
         onActivity?()
+        heardFrom[session.id] = nil
         guard session.transport.isCentral else { return }
         let commanded = dispatcher.relinquish(session.id)
         onCentralsChanged?(centralCount)
         if !commanded.isEmpty { onCommanderLeft?(session, commanded) }
+    }
+
+    /// Of the centrals in control now, when the one heard from longest ago
+    /// sent its last frame (the silence watch's next deadline).
+    public var quietestCommanderFrameAt: ContinuousClock.Instant? {
+        loop.assertInLoop()
+        var quietest: ContinuousClock.Instant?
+        for (id, at) in heardFrom {
+            guard dispatcher.commands(id) else {
+                // Every output it had obeys another central now.
+                heardFrom[id] = nil
+                continue
+            }
+            if quietest.map({ at < $0 }) ?? true { quietest = at }
+        }
+        return quietest
+    }
+
+    /// Every commander silent for `timeout` or longer loses its outputs
+    /// (``onCommanderSilent``), connection or not. Returns how many.
+    @discardableResult
+    public func silenceCommanders(quietFor timeout: Duration) -> Int {
+        loop.assertInLoop()
+        let now = loop.now
+        var silenced = 0
+        for (id, at) in heardFrom.sorted(by: { $0.key < $1.key }) where at.duration(to: now) >= timeout {
+            heardFrom[id] = nil
+            guard let session = open[id]?.session else { continue }
+            let outputs = dispatcher.relinquish(id)
+            guard !outputs.isEmpty else { continue }
+            silenced += 1
+            logger.notice("session \(id) (\(session.transport) \(session.peer)) sent nothing for \(Int(timeout.inSeconds * 1000)) ms while in control of \(outputs.count) output(s): failsafe")
+            onCommanderSilent?(session, outputs)
+        }
+        return silenced
     }
 
     /// Keeps a timer per session with a partial frame, so the frame is
