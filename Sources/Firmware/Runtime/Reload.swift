@@ -127,22 +127,13 @@ extension BoardRuntime {
         lastReload = applied.isEmpty ? "applied: nothing changed" : "applied: \(applied.joined(separator: "; "))"
         logger.notice("reload \(lastReload ?? "")")
         if restartBLE {
-            // Off the loop: stopping the peripheral waits for its D-Bus loop.
-            let ble = self.ble
-            let configuration = new
-            // Detached: nobody joins it, and a joinable thread's stack stays
-            // mapped until a join (it did: one stack per BLE reload, issue #29).
-            // It does what the D-Bus loop's callers do: a loop's stack.
-            OSThread(name: "blecontrol-reload", stackSize: EventLoop.stackSize).start(detached: true) { [self] in
-                ble.stop()
-                if configuration.ble.enabled {
-                    do {
-                        try ble.start(configuration: configuration.ble, boardName: configuration.name, version: BLEControlVersion.string)
-                    } catch {
-                        logger.error("reload: BLE: \(error)")
-                    }
-                }
-                loop.execute { [self] in transportState.ble = configuration.ble.enabled ? nil : "disabled in the board file" }
+            // Off the loop, on the transport's one restart thread: stopping
+            // the peripheral waits for its D-Bus loop, and reloads in a row
+            // must never restart BLE two at a time (issue 36).
+            let enabled = new.ble.enabled
+            ble.restart(configuration: new.ble, boardName: new.name, version: BLEControlVersion.string) { [self] failure in
+                if let failure { logger.error("reload: BLE: \(failure)") }
+                loop.execute { [self] in transportState.ble = enabled ? nil : "disabled in the board file" }
             }
         }
     }

@@ -10,17 +10,34 @@ import Reactor
 /// they keep their order and the event loop never waits for D-Bus.
 public final class BLETransport: @unchecked Sendable {
     // `sessions` is loop-confined (touched only inside `loop.execute` or on
-    // the loop), and the peripheral is Sendable, which makes the unchecked
-    // Sendable sound.
+    // the loop); `peripheral` and the restart queue are under `lifecycle`,
+    // and the peripheral is Sendable, which makes the unchecked Sendable
+    // sound.
     private let loop: EventLoop
     private let hub: SessionHub
     private let dispatcher: Dispatcher
     private let logger: Logger
-    private var peripheral: BLEPeripheral?
+    private let lifecycle = Lock()
+    private var current: BLEPeripheral?
     private var sessions: [String: Session] = [:]
+    /// The newest restart asked for and not yet begun (reloads coalesce).
+    private var pendingRestart: Restart?
+    /// Whether the one restart worker is running.
+    private var restarting = false
+    /// Stopped for good (the daemon is stopping): no restart starts BLE again.
+    private var shutDown = false
     /// A pairing passkey to show (nil: pairing over), on the loop. The
     /// runtime puts it on the LCD: the transport writes to no device.
     public var onPasskey: ((String?) -> Void)?
+
+    private struct Restart {
+        var configuration: BLEConfiguration
+        var boardName: String
+        var version: String
+        var done: @Sendable (String?) -> Void
+    }
+
+    private var peripheral: BLEPeripheral? { lifecycle.withLock { current } }
 
     public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
         self.loop = loop
@@ -53,15 +70,67 @@ public final class BLETransport: @unchecked Sendable {
             }
         )
         let peripheral = try BLEPeripheral(configuration: peripheralConfiguration, handlers: handlers, logger: logger)
-        self.peripheral = peripheral
-        peripheral.start()
+        // Not kept (nor started) once the daemon is stopping.
+        let keep = lifecycle.withLock { () -> Bool in
+            guard !shutDown, current == nil else { return false }
+            current = peripheral
+            return true
+        }
+        if keep { peripheral.start() }
     }
 
-    /// Unregisters from BlueZ and ends every BLE session (call off the loop,
-    /// or on it: the sessions close on the loop either way).
+    /// Stops BLE and starts it again with `configuration` (a reload), on
+    /// the one restart thread: restarts never overlap, and one asked for
+    /// during another runs after it, coalesced with any others (the newest
+    /// configuration wins; `done` of a coalesced one is not called). `done`
+    /// gets nil or the error, on the restart thread. From any thread.
+    public func restart(configuration: BLEConfiguration, boardName: String, version: String, done: @escaping @Sendable (String?) -> Void) {
+        let startWorker = lifecycle.withLock { () -> Bool in
+            guard !shutDown else { return false }
+            pendingRestart = Restart(configuration: configuration, boardName: boardName, version: version, done: done)
+            guard !restarting else { return false }
+            restarting = true
+            return true
+        }
+        guard startWorker else { return }
+        // Detached: nobody joins it, and a joinable thread's stack stays
+        // mapped until a join (it did: one stack per BLE reload, issue #29).
+        // It does what the D-Bus loop's callers do: a loop's stack.
+        OSThread(name: "blecontrol-reload", stackSize: EventLoop.stackSize).start(detached: true) { [self] in
+            while let job = lifecycle.withLock({ () -> Restart? in
+                let job = shutDown ? nil : pendingRestart
+                pendingRestart = nil
+                if job == nil { restarting = false }
+                return job
+            }) {
+                stopPeripheral()
+                var failure: String?
+                if job.configuration.enabled {
+                    do {
+                        try start(configuration: job.configuration, boardName: job.boardName, version: job.version)
+                    } catch {
+                        failure = "\(error)"
+                    }
+                }
+                job.done(failure)
+            }
+        }
+    }
+
+    /// Unregisters from BlueZ and ends every BLE session, for good: a
+    /// restart asked for later does nothing (the daemon is stopping). Call
+    /// off the loop, or on it: the sessions close on the loop either way.
     public func stop() {
-        peripheral?.stop()
-        peripheral = nil
+        lifecycle.withLock { shutDown = true }
+        stopPeripheral()
+    }
+
+    private func stopPeripheral() {
+        let stopping = lifecycle.withLock { () -> BLEPeripheral? in
+            defer { current = nil }
+            return current
+        }
+        stopping?.stop()
         let close: @Sendable () -> Void = { [self] in
             for central in sessions.keys.sorted() { closeSession(central) }
         }
