@@ -209,6 +209,55 @@ public enum Sockets {
     }
 
     /// A receive timeout on a blocking socket (the CLI's replies).
+    /// How long a dead peer (its link gone without a FIN or RST: a LAN
+    /// central that lost power or Wi-Fi) can stay an open connection: TCP
+    /// keepalive probes after `idle` of silence, every `interval`, `count`
+    /// unanswered ones closing it (tcp(7)), and TCP_USER_TIMEOUT closing one
+    /// whose sent data stays unacknowledged for `userTimeout` (RFC 5482).
+    public struct Liveness: Sendable, Equatable {
+        public var idle: Int32 = 10
+        public var interval: Int32 = 5
+        public var count: Int32 = 3
+        public var userTimeoutMs: UInt32 = 30_000
+        public init() {}
+        /// The longest a silent dead peer goes unnoticed: idle + count × interval.
+        public var deadPeerSeconds: Int32 { idle + count * interval }
+    }
+
+    /// Turns ``Liveness`` on for a connected TCP socket. Returns what the
+    /// kernel holds afterwards (read back), or nil when a call failed.
+    @discardableResult
+    public static func setLiveness(_ fd: FileDescriptor, _ liveness: Liveness = Liveness()) -> Liveness? {
+        var one: Int32 = 1
+        var idle = liveness.idle, interval = liveness.interval, count = liveness.count
+        var userTimeout = liveness.userTimeoutMs
+        let size = socklen_t(MemoryLayout<Int32>.size)
+        guard setsockopt(fd.rawValue, SOL_SOCKET, SO_KEEPALIVE, &one, size) == 0,
+              setsockopt(fd.rawValue, Int32(IPPROTO_TCP), TCP_KEEPIDLE, &idle, size) == 0,
+              setsockopt(fd.rawValue, Int32(IPPROTO_TCP), TCP_KEEPINTVL, &interval, size) == 0,
+              setsockopt(fd.rawValue, Int32(IPPROTO_TCP), TCP_KEEPCNT, &count, size) == 0,
+              setsockopt(fd.rawValue, Int32(IPPROTO_TCP), TCP_USER_TIMEOUT, &userTimeout, socklen_t(MemoryLayout<UInt32>.size)) == 0 else { return nil }
+        return Sockets.liveness(of: fd)
+    }
+
+    /// The keepalive settings a TCP socket has now (nil: keepalive off).
+    public static func liveness(of fd: FileDescriptor) -> Liveness? {
+        func option(_ level: Int32, _ name: Int32) -> Int32? {
+            var value: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            return getsockopt(fd.rawValue, level, name, &value, &length) == 0 ? value : nil
+        }
+        guard option(SOL_SOCKET, SO_KEEPALIVE) == 1, let idle = option(Int32(IPPROTO_TCP), TCP_KEEPIDLE),
+              let interval = option(Int32(IPPROTO_TCP), TCP_KEEPINTVL), let count = option(Int32(IPPROTO_TCP), TCP_KEEPCNT),
+              let userTimeout = option(Int32(IPPROTO_TCP), TCP_USER_TIMEOUT) else { return nil }
+        var result = Liveness()
+        result.idle = idle
+        result.interval = interval
+        result.count = count
+        result.userTimeoutMs = UInt32(userTimeout)
+        return result
+    }
+
     public static func setReceiveTimeout(_ fd: FileDescriptor, _ timeout: Duration) {
         let (seconds, attoseconds) = timeout.components
         var value = timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))

@@ -462,6 +462,23 @@ struct FailsafeTests {
         _ = frozen
     }
 
+    @Test("Silent TCP connections cannot lock a central out: they never fill the last slots, and each is closed after its deadline")
+    func silentConnectionsLeaveRoom() throws {
+        let board = try RunningBoard(yaml: testBoard())
+        // As many as the transport has slots, none sending a byte.
+        let silent = try (0..<64).map { _ in try LoopbackTCPClient(port: board.port) }
+        let central = try LoopbackTCPClient(port: board.port)
+        try central.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 250)))
+        #expect(eventually { abs(board.pulse(0) - 1250) < 5 }, "the central was served beside 64 silent connections")
+        // The ones that never sent a frame's head are all closed in the end
+        // (the oldest made way at once; the rest at their deadline).
+        let closed = silent.filter { $0.isClosedByPeer }.count
+        #expect(closed == silent.count)
+        // The central that sent frames is not one of them: still served.
+        try central.send(FrameEncoder.encode(.servo(channel: 0, value: 750)))
+        #expect(eventually { abs(board.pulse(0) - 1750) < 5 })
+    }
+
     @Test("A PCA9685 that stops answering puts the board in failsafe; the failsafe outputs land when it returns")
     func lastingFault() throws {
         let board = try RunningBoard(yaml: testBoard(faultMs: 200))

@@ -262,3 +262,26 @@ func connectTCP(port: UInt16) throws -> Int32 {
     }
     return fd
 }
+
+@Suite("TCP liveness on accepted connections")
+struct LivenessTests {
+    @Test("Keepalive and TCP_USER_TIMEOUT are on, as asked, on a real accepted socket: a dead peer is seen within 25 s")
+    func livenessIsSet() throws {
+        let listener = try Sockets.listenTCP(host: "127.0.0.1", port: 0)
+        defer { try? listener.close() }
+        let port = try #require(Sockets.localPort(listener))
+        let client = try LoopbackTCPClient(port: port)
+        var accepted: FileDescriptor?
+        #expect(eventually {
+            if case .connection(let fd, _)? = try? Sockets.accept(listener) { accepted = fd }
+            return accepted != nil
+        })
+        let fd = try #require(accepted)
+        defer { try? fd.close() }
+        #expect(Sockets.liveness(of: fd) == nil, "off until asked")
+        let set = Sockets.setLiveness(fd)
+        #expect(set == Sockets.Liveness())
+        #expect(Sockets.Liveness().deadPeerSeconds == 25)
+        _ = client
+    }
+}

@@ -35,14 +35,27 @@ public final class TCPTransport: @unchecked Sendable {
     static let maxQueuedReplies = 64 << 10
     /// The port actually bound (differs from the configured one when that is 0).
     public private(set) var port: UInt16?
+    /// How long a connection may stay without sending a frame's head
+    /// before it is closed: a real central sends its first frame at once.
+    public static let headDeadline = Duration.seconds(5)
+    /// Slots only a connection that has shown a frame's head can hold:
+    /// connections that have not yet are at most `maxConnections` less
+    /// these, and the oldest of them makes way for a new one.
+    static let reservedForCentrals = 8
+    /// Connections closed for sending no frame's head in time, or evicted
+    /// for a newer one while none had.
+    public private(set) var silentConnectionsClosed = 0
 
     private struct Peer {
         let connection: StreamConnection
         let address: String
+        let acceptedAt: ContinuousClock.Instant
         /// Nil until the first two bytes have shown a central.
         var session: Session?
         /// The first byte, while the second has not come.
         var head: [UInt8] = []
+        /// Closes it if no frame's head came by ``headDeadline``.
+        var deadline: LoopToken?
     }
 
     /// - Parameter maxConnections: connections open at once; more are
@@ -88,13 +101,19 @@ public final class TCPTransport: @unchecked Sendable {
     }
 
     private func accepted(_ fd: FileDescriptor, peer address: String) {
+        // A LAN central whose link dies without a word is seen to leave
+        // (and its failsafe taken) within Liveness.deadPeerSeconds.
+        Sockets.setLiveness(fd)
         let connection = StreamConnection(fd: fd, loop: loop, maxQueued: Self.maxQueuedReplies)
         let key = ObjectIdentifier(connection)
-        connections[key] = Peer(connection: connection, address: address)
+        makeRoomForOneMoreWithoutHead()
+        let deadline = loop.schedule(after: Self.headDeadline) { [weak self] in self?.closeIfNoHead(key) }
+        connections[key] = Peer(connection: connection, address: address, acceptedAt: loop.now, deadline: deadline)
         listener?.openConnections = connections.count
         connection.onData = { [weak self] bytes in self?.received(bytes, from: key) }
         connection.onClose = { [weak self] reason in
             guard let self, let peer = self.connections.removeValue(forKey: key) else { return }
+            if let deadline = peer.deadline { self.loop.cancel(deadline) }
             self.listener?.openConnections = self.connections.count
             if let reason { self.logger.notice("TCP \(address) dropped: \(reason)") }
             if let session = peer.session { self.hub.close(session) }
@@ -118,12 +137,38 @@ public final class TCPTransport: @unchecked Sendable {
             return
         }
         guard Self.startsFrame(code: start[0], length: start[1]) else { return reject(peer, start: start) }
+        if let deadline = peer.deadline { loop.cancel(deadline) }
+        peer.deadline = nil
         let session = hub.open(transport: .tcp, peer: peer.address) { [weak connection = peer.connection] bytes in connection?.send(bytes) }
         peer.session = session
         let held = peer.head
         peer.head = []
         connections[key] = peer
         hub.receive(held + bytes, for: session)
+    }
+
+    /// Connections that have not shown a frame's head may not fill the
+    /// slots kept for centrals: the oldest of them goes for the new one.
+    private func makeRoomForOneMoreWithoutHead() {
+        let cap = max(1, maxConnections - Self.reservedForCentrals)
+        let waiting = connections.filter { $0.value.session == nil }
+        guard waiting.count >= cap, let oldest = waiting.min(by: { $0.value.acceptedAt < $1.value.acceptedAt }) else { return }
+        closeSilent(oldest.value, why: "evicted: \(waiting.count) connections without a frame")
+    }
+
+    private func closeIfNoHead(_ key: ObjectIdentifier) {
+        guard var peer = connections[key], peer.session == nil else { return }
+        peer.deadline = nil
+        connections[key] = peer
+        closeSilent(peer, why: "no frame in \(Int(Self.headDeadline.inSeconds)) s")
+    }
+
+    private func closeSilent(_ peer: Peer, why: String) {
+        silentConnectionsClosed += 1
+        if case .log(let heldBack) = rejections.admit("", at: loop.now) {
+            logger.notice("TCP \(peer.address): \(why); closed\(LogLimiter.more(heldBack))")
+        }
+        peer.connection.close()
     }
 
     private func reject(_ peer: Peer, start: [UInt8]) {
