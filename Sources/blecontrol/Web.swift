@@ -43,6 +43,7 @@ func webCommand() -> Command {
         """,
         options: [
             Command.Option("listen", value: "HOST:PORT", help: "Where to serve (default 127.0.0.1:8000; [::1]:8000 for IPv6; port 0 picks a free one). Anything but loopback serves the page to the network, as plain HTTP."),
+            Command.Option("host", value: "NAME[,NAME…]", help: "More names the page may be asked for by (the Host a browser sends): a DNS name of this machine, a reverse proxy's. Loopback, the --listen address and, when listening on every address, this machine's own addresses and host name are always allowed; any other Host is refused (421), so a DNS-rebinding page cannot read the server."),
             socketOption,
         ]
     ) { arguments in
@@ -50,7 +51,93 @@ func webCommand() -> Command {
         guard let endpoint = WebEndpoint(text) else {
             throw UsageError("--listen must be HOST:PORT (e.g. 127.0.0.1:8000 or [::1]:0), got \(text)")
         }
-        try WebServer.serve(endpoint, names: WebNameSource(socketPath: arguments.option("socket") ?? ControlClient.defaultPath()))
+        let extra = (arguments.option("host") ?? "").split(separator: ",").map { String($0) }
+        guard let hosts = WebHosts(endpoint: endpoint, extra: extra) else {
+            throw UsageError("--host must be host names or addresses, separated by commas, got \(arguments.option("host") ?? "")")
+        }
+        try WebServer.serve(endpoint, hosts: hosts, names: WebNameSource(socketPath: arguments.option("socket") ?? ControlClient.defaultPath()))
+    }
+}
+
+/// The names the server answers to: the Host a browser sends must be one
+/// of them. Without this check any web page could read the server by
+/// DNS rebinding (its own name resolved to this machine): the browser
+/// then sends the attacker's name as Host, and the server refuses it.
+struct WebHosts: Equatable {
+    /// Lowercased, without brackets or a trailing dot.
+    private(set) var names: Set<String>
+
+    /// Loopback, the listen address, `extra`, and for a wildcard listen
+    /// address this machine's own addresses and host name. nil when an
+    /// extra name is not a plausible host.
+    init?(endpoint: WebEndpoint, extra: [String], machine: [String] = WebHosts.machineNames()) {
+        names = ["localhost", "127.0.0.1", "::1"]
+        names.insert(Self.normalised(endpoint.host))
+        if endpoint.host == "0.0.0.0" || endpoint.host == "::" {
+            for name in machine { names.insert(Self.normalised(name)) }
+        }
+        for name in extra {
+            let trimmed = name.trimmed
+            guard !trimmed.isEmpty, trimmed.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "/") && $0 != UInt8(ascii: "@") }) else { return nil }
+            names.insert(Self.normalised(trimmed))
+        }
+    }
+
+    /// "Board.Local." → "board.local"; "[::1]" → "::1".
+    static func normalised(_ name: String) -> String {
+        var text = name.lowercased()
+        if text.hasPrefix("["), text.hasSuffix("]") { text = String(text.dropFirst().dropLast()) }
+        while text.hasSuffix(".") { text.removeLast() }
+        return text
+    }
+
+    /// The host part of a Host header ("name:port", "[v6]:port", "name").
+    static func hostPart(_ header: String) -> String {
+        let text = header.trimmed
+        if text.hasPrefix("["), let close = text.firstIndex(of: "]") { return normalised(String(text[...close])) }
+        if let colon = text.lastIndex(of: ":"), text.firstIndex(of: ":") == colon { return normalised(String(text[..<colon])) }
+        return normalised(text)
+    }
+
+    /// Whether a request's Host names this server.
+    func allows(host header: String) -> Bool { names.contains(Self.hostPart(header)) }
+
+    /// Whether a request's Origin (scheme://host[:port], or "null") is a page
+    /// of this server: a page elsewhere gets nothing from it.
+    func allows(origin: String) -> Bool {
+        let parts = origin.trimmed.split(separator: "/", omittingEmptySubsequences: false)
+        // "http:", "", "host[:port]"
+        guard parts.count == 3, parts[0].hasSuffix(":"), parts[1].isEmpty, !parts[2].isEmpty else { return false }
+        let rest = String(parts[2])
+        return names.contains(Self.hostPart(rest))
+    }
+
+    /// This machine's host name (and NAME.local, as mDNS answers) and the
+    /// addresses of its interfaces.
+    static func machineNames() -> [String] {
+        var result: [String] = []
+        var buffer = [CChar](repeating: 0, count: 256)
+        if gethostname(&buffer, buffer.count - 1) == 0 {
+            let name = String(cString: buffer)
+            if !name.isEmpty { result += [name, name + ".local"] }
+        }
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0, let first = list else { return result }
+        defer { freeifaddrs(list) }
+        var cursor: UnsafeMutablePointer<ifaddrs>? = first
+        while let entry = cursor {
+            defer { cursor = entry.pointee.ifa_next }
+            guard let address = entry.pointee.ifa_addr else { continue }
+            var text = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            let family = Int32(address.pointee.sa_family)
+            guard family == AF_INET || family == AF_INET6 else { continue }
+            let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
+            if getnameinfo(address, length, &text, socklen_t(text.count), nil, 0, NI_NUMERICHOST) == 0 {
+                // A link-local IPv6 address carries its zone ("fe80::1%eth0").
+                result.append(String(String(cString: text).split(separator: "%").first ?? ""))
+            }
+        }
+        return result
     }
 }
 
@@ -130,7 +217,9 @@ struct WebSite {
 enum WebRequestHead: Equatable {
     /// More bytes are needed.
     case incomplete
-    case complete(method: String, path: String)
+    /// `host` and `origin`: those headers' values, if sent (RFC 9110
+    /// §7.2, RFC 6454 §7).
+    case complete(method: String, path: String, host: String? = nil, origin: String? = nil)
     /// Answer with this status and close.
     case refused(WebStatus)
 }
@@ -140,8 +229,10 @@ enum WebStatus: Int {
     case ok = 200
     case badRequest = 400
     case notFound = 404
+    case forbidden = 403
     case methodNotAllowed = 405
     case requestTimeout = 408
+    case misdirected = 421
     case headTooLarge = 431
     case versionNotSupported = 505
 
@@ -150,6 +241,8 @@ enum WebStatus: Int {
         case .ok: return "OK"
         case .badRequest: return "Bad Request"
         case .notFound: return "Not Found"
+        case .forbidden: return "Forbidden"
+        case .misdirected: return "Misdirected Request"
         case .methodNotAllowed: return "Method Not Allowed"
         case .requestTimeout: return "Request Timeout"
         case .headTooLarge: return "Request Header Fields Too Large"
@@ -191,7 +284,28 @@ enum WebHTTP {
         guard target.hasPrefix("/") else { return .refused(.badRequest) }
         let path = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
             .split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        return .complete(method: method, path: String(path))
+        // Host and Origin: read, never believed until WebHosts allows them.
+        // Host twice is a bad request (RFC 9112 §3.2).
+        var host: String?
+        var origin: String?
+        let headerLines = bytes[lineEnd..<end].split(whereSeparator: { $0 == 0x0D || $0 == 0x0A })
+        for line in headerLines {
+            guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { continue }
+            let name = String(decoding: line[..<colon], as: UTF8.self).lowercased()
+            let value = String(decoding: line[(colon + 1)...], as: UTF8.self).trimmed
+            switch name {
+            case "host":
+                if host != nil { return .refused(.badRequest) }
+                host = value
+            case "origin":
+                origin = value
+            default:
+                continue
+            }
+        }
+        // HTTP/1.1 requires Host (RFC 9112 §3.2); every browser sends it.
+        if version == "HTTP/1.1", host == nil { return .refused(.badRequest) }
+        return .complete(method: method, path: String(path), host: host, origin: origin)
     }
 
     /// The index just past the head's empty line (CRLF CRLF, or bare LF LF,
@@ -223,7 +337,7 @@ enum WebHTTP {
             return response(.requestTimeout, head: false)
         case .refused(let status):
             return response(status, head: false)
-        case .complete(let method, let path):
+        case .complete(let method, let path, _, _):
             guard let asset = site.asset(for: path) else { return response(.notFound, head: method == "HEAD") }
             return response(.ok, contentType: asset.contentType, body: asset.body, head: method == "HEAD")
         }
@@ -254,6 +368,7 @@ final class WebServer: @unchecked Sendable {
 
     private let loop: EventLoop
     private let site: WebSite
+    private let hosts: WebHosts
     private let names: WebNameSource
     fileprivate var listener: Listener?
     private var connections: [ObjectIdentifier: WebConnection] = [:]
@@ -262,15 +377,16 @@ final class WebServer: @unchecked Sendable {
     private var namesThread: OSThread?
     private var namesWaiting: [(WebBoardNames) -> Void] = []
 
-    init(loop: EventLoop, site: WebSite, names: WebNameSource) {
+    init(loop: EventLoop, site: WebSite, hosts: WebHosts, names: WebNameSource) {
         self.loop = loop
         self.site = site
+        self.hosts = hosts
         self.names = names
     }
 
     /// Serves `endpoint` until SIGINT, SIGTERM or SIGHUP; prints the URL
     /// first, then which board names the page gets.
-    static func serve(_ endpoint: WebEndpoint, names: WebNameSource) throws {
+    static func serve(_ endpoint: WebEndpoint, hosts: WebHosts, names: WebNameSource) throws {
         // A browser that goes away mid-response must cost a write error,
         // not the process.
         signal(SIGPIPE, SIG_IGN)
@@ -287,7 +403,7 @@ final class WebServer: @unchecked Sendable {
         let port = Sockets.localPort(fd) ?? endpoint.port
         let loop = try EventLoop(name: "blecontrol-web")
         loop.start()
-        let server = WebServer(loop: loop, site: .embedded, names: names)
+        let server = WebServer(loop: loop, site: .embedded, hosts: hosts, names: names)
         let stop = Promise<Int32>()
         try loop.submitAndWait {
             server.listener = try Listener.start(
@@ -334,7 +450,7 @@ final class WebServer: @unchecked Sendable {
     }
 
     fileprivate func accept(_ fd: CInt) {
-        let connection = WebConnection(fd: fd, loop: loop, site: site, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in
+        let connection = WebConnection(fd: fd, loop: loop, site: site, hosts: hosts, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in
             guard let self else { return }
             self.connections[ObjectIdentifier(closed)] = nil
             self.listener?.openConnections = self.connections.count
@@ -382,6 +498,7 @@ final class WebConnection {
     private let fd: CInt
     private let loop: EventLoop
     private let site: WebSite
+    private let hosts: WebHosts
     private let names: (@escaping (WebBoardNames) -> Void) -> Void
     private let onClose: (WebConnection) -> Void
     private var token: LoopToken?
@@ -393,10 +510,11 @@ final class WebConnection {
     private var discarded = 0
     private var closed = false
 
-    init(fd: CInt, loop: EventLoop, site: WebSite, names: @escaping (@escaping (WebBoardNames) -> Void) -> Void, onClose: @escaping (WebConnection) -> Void) {
+    init(fd: CInt, loop: EventLoop, site: WebSite, hosts: WebHosts, names: @escaping (@escaping (WebBoardNames) -> Void) -> Void, onClose: @escaping (WebConnection) -> Void) {
         self.fd = fd
         self.loop = loop
         self.site = site
+        self.hosts = hosts
         self.names = names
         self.onClose = onClose
     }
@@ -458,7 +576,12 @@ final class WebConnection {
         received += buffer[0..<count]
         let head = WebHTTP.parseHead(received)
         if head == .incomplete { return }
-        if case .complete(let method, WebBoardNames.path) = head {
+        if case .complete(_, _, let host, let origin) = head {
+            // Only its own names (DNS rebinding), and only its own pages.
+            if let host, !hosts.allows(host: host) { return respond(WebHTTP.response(.misdirected, head: false)) }
+            if let origin, origin != "null", !hosts.allows(origin: origin) { return respond(WebHTTP.response(.forbidden, head: false)) }
+        }
+        if case .complete(let method, WebBoardNames.path, _, _) = head {
             return answerWithNames(head: method == "HEAD")
         }
         respond(WebHTTP.response(to: head, site: site))

@@ -200,6 +200,29 @@ struct WebCommandTests {
         #expect(server.stop(signal: SIGINT) == 0)
     }
 
+    @Test("Only its own Host names: a DNS-rebinding page's Host is refused (421), a foreign Origin too (403); --host adds names")
+    func hostAndOrigin() throws {
+        let server = try WebServerProcess(arguments: ["--listen", "127.0.0.1:0", "--host", "board.lan,Pi.Example."])
+        func ask(_ path: String, _ headers: String) throws -> Int {
+            try exchange(server.port, Array("GET \(path) HTTP/1.1\r\n\(headers)\r\n".utf8)).status
+        }
+        for path in ["/board.json", "/", "/app.js"] {
+            #expect(try ask(path, "Host: attacker.example:\(server.port)\r\n") == 421, "\(path)")
+            #expect(try ask(path, "Host: 127.0.0.1.attacker.example\r\n") == 421, "\(path)")
+        }
+        for host in ["127.0.0.1:\(server.port)", "localhost:\(server.port)", "LOCALHOST", "[::1]:\(server.port)", "board.lan", "pi.example:8000", "pi.example."] {
+            #expect(try ask("/board.json", "Host: \(host)\r\n") == 200, "\(host)")
+        }
+        #expect(try ask("/board.json", "") == 400, "HTTP/1.1 without Host")
+        #expect(try ask("/board.json", "Host: a\r\nHost: 127.0.0.1\r\n") == 400, "Host twice")
+        #expect(try ask("/board.json", "Host: 127.0.0.1\r\nOrigin: http://attacker.example\r\n") == 403)
+        #expect(try ask("/board.json", "Host: 127.0.0.1\r\nOrigin: http://127.0.0.1:\(server.port)\r\n") == 200)
+        #expect(try ask("/board.json", "Host: 127.0.0.1\r\nOrigin: null\r\n") == 200)
+        #expect(server.stop() == 0)
+        let bad = try run(Executables.cli, ["web", "--listen", "127.0.0.1:0", "--host", "a b"])
+        #expect(bad.status == 2, "\(bad.stderr)")
+    }
+
     @Test("The page's response headers: no-store, nosniff, a same-origin content security policy")
     func headers() throws {
         let server = try WebServerProcess()
