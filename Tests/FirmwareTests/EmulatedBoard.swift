@@ -13,7 +13,7 @@ import TestSupport
 /// The firmware core on an emulated bus, without transports: frames go in
 /// through a `Session`, outputs are read back from the emulated chips.
 final class EmulatedBoard: @unchecked Sendable {
-    let bus = EmulatedI2CBus()
+    let bus: EmulatedI2CBus
     let chip = PCA9685Emulator()
     let display: LCDBackpackEmulator
     let servo: ServoPath
@@ -23,7 +23,10 @@ final class EmulatedBoard: @unchecked Sendable {
     private let lock = NSLock()
     private var sent: [UInt8] = []
 
-    init(yaml: String? = nil, attachDisplay: Bool = true, retryInterval: Duration = .milliseconds(50)) throws {
+    /// `byteTime`: how long each byte holds the emulated bus (90 µs is a
+    /// 100 kHz bus), for tests where the display must be slow.
+    init(yaml: String? = nil, attachDisplay: Bool = true, retryInterval: Duration = .milliseconds(50), byteTime: Duration = .zero) throws {
+        bus = EmulatedI2CBus(byteTime: byteTime)
         configuration = try BoardFile.parse(yaml ?? escBoard, path: "test.yaml")
         let servoConfiguration = configuration.servo!
         let lcdConfiguration = configuration.lcd!

@@ -63,8 +63,9 @@ final class RunningBoard {
     func servo() throws -> StatusReport.Servo { try #require(try runtime.status().servo) }
 
     /// Waits until the board has dispatched `frames` frames in all, then
-    /// until everything dispatched has reached the chips (a control-socket
-    /// send is answered only then). What is asserted after this has happened:
+    /// until everything dispatched has reached the servo chips (a
+    /// control-socket send is answered only then; the display only when the
+    /// send itself wrote to it, which this INIT does not). What is asserted after this has happened:
     /// no sleeping and hoping.
     func settle(frames: Int) throws {
         #expect(eventually { ((try? self.runtime.status().counters.frames) ?? 0) >= frames }, "the board never saw \(frames) frames")

@@ -157,9 +157,10 @@ public final class ControlServer: @unchecked Sendable {
                 client?.replies.append(contentsOf: frame)
             }
             client.session = session
+            let mark = dispatcher.mark
             hub.receive(bytes, for: session)
             // Answer like a write with response: once the hardware has it.
-            dispatcher.whenApplied { [weak self, weak client] error in
+            dispatcher.whenApplied(since: mark) { [weak self, weak client] error in
                 guard let server = self, let client else { return }
                 server.loop.execute {
                     let replies = ControlProtocol.hex(client.replies)

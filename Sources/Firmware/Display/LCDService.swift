@@ -29,6 +29,9 @@ public final class LCDService: @unchecked Sendable {
     private var screen: LCDScreen
     private var screenChanged = false
     private var tracker = ApplyTracker()
+    /// The submissions the driver's image holds: those up to it are on the
+    /// glass once the driver has flushed (newer text replaced the rest).
+    private var copiedGeneration: UInt64 = 0
     private var online = false
     private var lastError: String?
     private let worker = ServiceThread(name: "blecontrol-lcd", stackSize: LCDService.stackSize)
@@ -141,15 +144,19 @@ public final class LCDService: @unchecked Sendable {
             for (row, codes) in screen.shown.enumerated() { driver.setLine(row, codes: codes) }
             screenChanged = false
             shownLines = driver.lines
+            copiedGeneration = tracker.submitted
         }
-        let generation = tracker.submitted
+        let generation = copiedGeneration
         condition.unlock()
 
         do {
             let (transactions, done) = try driver.flushStep(maxTransactions: 1)
             let ready = condition.withLock { () -> [ApplyTracker.Callback] in
                 busTransactions += transactions
-                return done && !screenChanged ? tracker.complete(upTo: generation) : []
+                // What the image held is on the glass: its writers are
+                // answered even if newer text is waiting (not "when idle":
+                // a display rewritten every millisecond never is).
+                return done ? tracker.complete(upTo: generation) : []
             }
             for callback in ready { callback(nil) }
         } catch {

@@ -120,12 +120,30 @@ public final class Dispatcher: @unchecked Sendable {
         }
     }
 
-    /// Calls `callback` once everything dispatched so far has reached the
-    /// hardware (nil) or failed (the error): the acknowledgement of a write
-    /// with response.
-    public func whenApplied(_ callback: @escaping @Sendable (String?) -> Void) {
+    /// What had been dispatched to the display when a write began: with it,
+    /// ``whenApplied(since:_:)`` waits for the display only if the write
+    /// itself changed it.
+    public struct Mark: Sendable {
+        fileprivate let display: Int
+    }
+
+    /// LCD_TEXT and LCD_CLEAR accepted since start.
+    private var displayChanges = 0
+
+    /// The mark to take before dispatching a write's bytes.
+    public var mark: Mark { Mark(display: displayChanges) }
+
+    /// Calls `callback` once what a write commanded has reached the hardware
+    /// (nil) or failed (the error): the acknowledgement of a write with
+    /// response. The servo path is waited for always (it applies in order,
+    /// within a PWM period); the display only when the write since `mark`
+    /// put text on it, and then until its text is on the glass or replaced
+    /// by newer text, not until the display is idle: another central
+    /// rewriting the LCD cannot hold back a servo write's acknowledgement.
+    public func whenApplied(since mark: Mark? = nil, _ callback: @escaping @Sendable (String?) -> Void) {
         let servo = self.servo
-        guard let lcd else {
+        let touchedDisplay = mark.map { $0.display != displayChanges } ?? true
+        guard let lcd, touchedDisplay else {
             if let servo { servo.whenApplied(callback) } else { callback(nil) }
             return
         }
@@ -150,10 +168,12 @@ public final class Dispatcher: @unchecked Sendable {
         case .lcdText(let line, let text):
             guard let lcd, Int(line) < lcd.rows else { return false }
             lcd.setLine(Int(line), text: text)
+            displayChanges += 1
             return true
         case .lcdClear:
             guard let lcd else { return false }
             lcd.clear()
+            displayChanges += 1
             return true
         case .switchValue(let index, let on):
             // An index the board does not configure: ERROR 06, the original

@@ -160,11 +160,12 @@ public final class BLETransport: @unchecked Sendable {
             }
             sessions[central] = session
         }
+        let mark = dispatcher.mark
         hub.receive(bytes, for: session)
         // A write with response is acknowledged once the frames it carried
         // reached the hardware (docs/protocol.md "Transport"); ERROR replies went
         // out as notifications already.
-        if withResponse { dispatcher.whenApplied(done) } else { done(nil) }
+        if withResponse { dispatcher.whenApplied(since: mark, done) } else { done(nil) }
     }
 
     private func closeSession(_ central: String) {
