@@ -25,6 +25,7 @@ Every wait is a bounded count of polls, a guard against a hang.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -329,6 +330,34 @@ class BleGuest:
     # Bumble has let go of hci1, so the kernel hands it to bluetoothd: the board
     # advertises on hci0, `blecontrol --ble` connects from hci1, one bluetoothd
     # between them (cli_central.py: scan, a session, a single command).
+    def forged_signal(self, pid: int) -> None:
+        """Issue 36: on this system bus (Debian's own policy) beside the real
+        bluetoothd, `nobody` tells the daemon, unicast, that org.bluez lost its
+        owner. The daemon checks the sender: the signal is counted and
+        ignored, BLE stays up, and the CLI's sessions after it (c-*) show the
+        daemon still serving bluetoothd."""
+        def bus(method: str, *arguments: str) -> str:
+            return rig.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
+                            f"org.freedesktop.DBus.{method}", *arguments], check=False, capture=True).stdout
+        daemon = ""
+        for name in re.findall(r'string "(:[0-9.]+)"', bus("ListNames")):
+            if re.search(rf"uint32 {pid}\b", bus("GetConnectionUnixProcessID", f"string:{name}")):
+                daemon = name
+        owner = re.search(r'string "(.*)"', bus("GetNameOwner", "string:org.bluez"))
+        if not daemon or not owner:
+            self.results.fails("v-forged", "the daemon's and bluetoothd's unique names found", f"{daemon!r} {owner!r}")
+            return
+        sent = rig.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send", "--system", "--type=signal",
+                        f"--dest={daemon}", "/org/freedesktop/DBus", "org.freedesktop.DBus.NameOwnerChanged",
+                        "string:org.bluez", f"string:{owner.group(1)}", "string:"], check=False, capture=True)
+        seen = rig.wait_until(lambda: "1 signals ignored" in self.status_text(), interval=0.1)
+        state = json.loads(self.status_text() or "{}").get("transports", {}).get("ble", "")
+        what = "nobody's unicast NameOwnerChanged (org.bluez gone) beside the real bluetoothd: ignored and counted, BLE still up"
+        if seen and state.startswith("advertising"):
+            self.results.passes("v-forged", f"{what} ({state})")
+        else:
+            self.results.fails("v-forged", what, f"{state}; dbus-send exit {sent.returncode}: {sent.stderr}")
+
     def cli_as_central(self) -> None:
         if not rig.wait_until(lambda: has_adapter("hci1"), interval=0.1):
             adapters = sorted(set(re.findall(r'/org/bluez/hci[0-9]*"', bluez_objects())))
@@ -345,6 +374,7 @@ class BleGuest:
         daemon = self.start_daemon("daemon-cli.log")
         self.pids.append(daemon.pid)
         rig.wait_until(lambda: '"ble": "advertising' in self.status_text(), interval=0.1)
+        self.forged_signal(daemon.pid)
         # Longer and repeated searches than on BlueZoo: on btvirt's emulated
         # link under TCG a whole LE discovery window (bluetoothd's log: the
         # kernel's discovering 1 ... 0, then bluetoothd restarts it) sometimes
