@@ -468,6 +468,11 @@ let daemonSections: [DaemonSection] = [
         try benchmarkIdle(binary: $0, seconds: $1[0])
         return 0
     },
+    DaemonSection(name: "ack", numbers: [.init(name: "SAMPLES", defaultValue: 200, range: 1...100_000, whole: true)],
+                  note: "writes per case; default 200; BLECONTROL_BENCH_BASELINE=DAEMON measures that one too") {
+        try benchmarkAcknowledgement(binary: $0, baseline: ProcessInfo.processInfo.environment["BLECONTROL_BENCH_BASELINE"], samples: Int($1[0]))
+        return 0
+    },
 ]
 
 // Usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames]
@@ -477,6 +482,7 @@ let daemonSections: [DaemonSection] = [
 //        blecontrol-bench chatter DAEMON [SECONDS]
 //        blecontrol-bench memory DAEMON [SECONDS]
 //        blecontrol-bench idle DAEMON [SECONDS]
+//        blecontrol-bench ack DAEMON [SAMPLES]
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
