@@ -290,6 +290,30 @@ struct SimulatorEndToEndTests {
         #expect(safe.stderr.contains("/dev/i2c-1"))
     }
 
+    @Test("Silent control-socket connections cannot lock the operator out: status answers beside 64 of them, and they are closed")
+    func silentControlConnections() throws {
+        let daemon = try SimulatorDaemon()
+        var silent: [Int32] = []
+        defer { for fd in silent { close(fd) } }
+        for _ in 0..<64 {
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            guard fd >= 0, withUnixAddress(daemon.socketPath, { connect(fd, $0, $1) }) == 0 else { continue }
+            silent.append(fd)
+        }
+        #expect(silent.count == 64)
+        let status = try daemon.cli(["status"])
+        #expect(status.status == 0, "\(status.stderr)")
+        // Each silent one is closed in the end (the oldest at once, made way
+        // for; the rest at their deadline): a read sees the end.
+        var closed = 0
+        for fd in silent {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            receiveChunks(from: fd, whenClosed: { closed += 1 }) { _ in true }
+        }
+        #expect(closed == silent.count)
+        #expect(try daemon.cli(["status"]).status == 0)
+    }
+
     @Test("The instance lock is never a link nor someone else's file: the daemon refuses, and the link's target is untouched")
     func instanceLockInASharedPlace() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("lock-\(UUID().uuidString.prefix(6))")

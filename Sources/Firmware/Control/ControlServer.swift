@@ -43,11 +43,24 @@ public final class ControlServer: @unchecked Sendable {
         var session: Session?
         var buffer: [UInt8] = []
         var replies: [UInt8] = []
-        init(connection: StreamConnection, trusted: Bool) {
+        let acceptedAt: ContinuousClock.Instant
+        /// Closes it if no request came by ``ControlServer/requestDeadline``;
+        /// nil once one did.
+        var deadline: LoopToken?
+        init(connection: StreamConnection, trusted: Bool, acceptedAt: ContinuousClock.Instant) {
             self.connection = connection
             self.trusted = trusted
+            self.acceptedAt = acceptedAt
         }
     }
+
+    /// How long a connection may stay without sending a whole request:
+    /// `blecontrol` sends its first at once.
+    public static let requestDeadline = Duration.seconds(10)
+    private static let maxConnections = 64
+    /// Slots only a connection that has sent a request can hold: silent
+    /// connections never fill the socket (the oldest makes way).
+    private static let reservedForRequests = 8
 
     public init(loop: EventLoop, hub: SessionHub, dispatcher: Dispatcher, logger: Logger) {
         self.loop = loop
@@ -60,7 +73,7 @@ public final class ControlServer: @unchecked Sendable {
         let directory = Files.directory(of: path)
         if !directory.isEmpty { Files.makeDirectories(directory) }
         let fd = try Sockets.listenUnix(path: path)
-        listener = try Listener.start(fd: fd, loop: loop, maxConnections: 64,
+        listener = try Listener.start(fd: fd, loop: loop, maxConnections: Self.maxConnections,
                                       onAccept: { [weak self] fd, _ in self?.accepted(fd) },
                                       onEvent: { [logger] event in logger.warning("control socket: \(event)") })
         self.path = path
@@ -78,8 +91,17 @@ public final class ControlServer: @unchecked Sendable {
 
     private func accepted(_ fd: FileDescriptor) {
         let uid = Sockets.peerUID(fd)
-        let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid())
+        let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid(), acceptedAt: loop.now)
         let key = ObjectIdentifier(client)
+        let silent = clients.values.filter { $0.deadline != nil }
+        if silent.count >= Self.maxConnections - Self.reservedForRequests, let oldest = silent.min(by: { $0.acceptedAt < $1.acceptedAt }) {
+            oldest.connection.close(reason: "no request; making way for a new connection")
+        }
+        client.deadline = loop.schedule(after: Self.requestDeadline) { [weak client] in
+            guard let client, client.deadline != nil else { return }
+            client.deadline = nil
+            client.connection.close(reason: "no request in \(Int(Self.requestDeadline.inSeconds)) s")
+        }
         clients[key] = client
         listener?.openConnections = clients.count
         client.connection.onData = { [weak self, weak client] bytes in
@@ -88,6 +110,8 @@ public final class ControlServer: @unchecked Sendable {
         }
         client.connection.onClose = { [weak self] _ in
             guard let self, let client = self.clients.removeValue(forKey: key) else { return }
+            if let deadline = client.deadline { self.loop.cancel(deadline) }
+            client.deadline = nil
             self.listener?.openConnections = self.clients.count
             if let session = client.session { self.hub.close(session) }
         }
@@ -113,6 +137,10 @@ public final class ControlServer: @unchecked Sendable {
     }
 
     private func handle(_ line: [UInt8], from client: Client) {
+        if let deadline = client.deadline {
+            loop.cancel(deadline)
+            client.deadline = nil
+        }
         let request: ControlProtocol.Request
         do {
             request = try ControlProtocol.request(from: line)
