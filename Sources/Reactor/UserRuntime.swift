@@ -57,6 +57,20 @@ public enum UserRuntime {
         return nil
     }
 
+    /// Why `path` is not a directory only this process's user (or root)
+    /// can write, nil when it is: where the daemon keeps a file it will
+    /// believe or write as itself (the instance lock, the outputs record).
+    /// `anyOwner`: root reading another user's directory (the service
+    /// user's) only needs nobody else to be able to write it.
+    public static func problem(ownDirectory path: String, anyOwner: Bool = false) -> String? {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return "does not exist" }
+        guard info.st_mode & S_IFMT == S_IFDIR else { return "is not a directory" }
+        guard anyOwner || info.st_uid == geteuid() || info.st_uid == 0 else { return "belongs to \(userName(info.st_uid)), neither root nor \(userName(geteuid()))" }
+        guard info.st_mode & 0o022 == 0 else { return "is writable by others (mode \(String(info.st_mode & 0o7777, radix: 8)))" }
+        return nil
+    }
+
     /// "nobody (uid 65534)", or "uid 4242" for a uid with no account.
     public static func userName(_ uid: uid_t) -> String {
         guard let entry = getpwuid(uid) else { return "uid \(uid)" }

@@ -89,7 +89,11 @@ func startBoard(yaml: String) throws -> BoardRuntime {
     var logger = Logger(label: "bench")
     logger.logLevel = .critical
     let configuration = try BoardFile.parse(yaml, path: EmbeddedBoards.simulatorPath)
-    let socket = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid())-\(configuration.name).sock").path
+    // A directory of its own: the daemon refuses a socket (and its instance
+    // lock) in one anyone may write, such as /tmp.
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("blecontrol-bench-\(getpid())-\(configuration.name)").path
+    mkdir(directory, 0o700)
+    let socket = directory + "/control.sock"
     let runtime = try BoardRuntime(configuration: configuration, logger: logger, controlSocketPath: socket)
     try runtime.start(tcpOverride: ("127.0.0.1", 0))
     return runtime

@@ -239,7 +239,7 @@ let manual = Manual(section: 8, sections: [
         .item("/etc/blecontrol/board.yaml", "The board file the service runs (blecontrol-board(5)); kept across upgrades."),
         .item("/usr/share/blecontrol/boards/", "Example board files: raspberry-pi.yaml, rc-car.yaml, hexapod.yaml, simulator.yaml (the built-in simulator board)."),
         .item("/var/lib/blecontrol/driven-outputs", "The record of the chips and line the daemon drives, for safe-outputs (\"Crash cleanup\")."),
-        .item("/run/blecontrol/control.sock", "The control socket blecontrol(1) talks to (the board file's control.socket)."),
+        .item("/run/blecontrol/control.sock", "The control socket blecontrol(1) talks to (the board file's control.socket). The instance lock (blecontrold-BOARD.lock) is made beside it: a directory that others may write (such as /tmp) is refused, and so is a lock that is a link or another user's file."),
         .item("$XDG_RUNTIME_DIR/blecontrol-simulator.sock", "The built-in simulator board's control socket (control.socket: private), in the directory only its user can write."),
         .item("/tmp/blecontrol-UID/simulator.sock", "The same without $XDG_RUNTIME_DIR: the daemon makes the directory with mode 0700, and refuses one that belongs to another user or that others may write."),
         .item("/usr/share/doc/blecontrol/protocol.md", "The BLEControl wire protocol: frames, the ERROR reply, the LCD length rule."),

@@ -281,7 +281,10 @@ struct SimulatorEndToEndTests {
           .enabled(if: !FileManager.default.fileExists(atPath: "/dev/i2c-1")))
     func raspberryPiWithoutHardware() throws {
         let board = repositoryRoot.appendingPathComponent("board/raspberry-pi.yaml").path
-        let socket = FileManager.default.temporaryDirectory.appendingPathComponent("pi-\(UUID().uuidString.prefix(6)).sock").path
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pi-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let socket = directory.appendingPathComponent("control.sock").path
         let result = try run(Executables.daemon, ["--board", board, "--socket", socket])
         #expect(result.status == 1)
         #expect(result.stderr.contains("/dev/i2c-1 does not exist"), "\(result.stderr)")
@@ -329,6 +332,14 @@ struct SimulatorEndToEndTests {
         #expect(linked.stderr.contains("symbolic link"), "\(linked.stderr)")
         #expect(try String(contentsOfFile: target, encoding: .utf8) == "precious\n")
         unlink(lock)
+        // A directory anyone may write (as /tmp): refused before the lock.
+        let shared = directory.appendingPathComponent("shared").path
+        mkdir(shared, 0o777)
+        chmod(shared, 0o1777)
+        let inShared = try run(Executables.daemon, ["--socket", shared + "/control.sock", "--tcp", "127.0.0.1:0"])
+        #expect(inShared.status == 1)
+        #expect(inShared.stderr.contains("is writable by others"), "\(inShared.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: shared + "/blecontrold-simulator.lock"))
         if geteuid() == 0 {
             // Made first by another user (nobody).
             try "".write(toFile: lock, atomically: false, encoding: .utf8)

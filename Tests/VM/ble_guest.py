@@ -413,6 +413,12 @@ class BleGuest:
 
     def run(self) -> int:
         WORK.mkdir(parents=True, exist_ok=True)
+        # The daemon's socket and instance lock live here: a directory others
+        # may write is refused, whatever the guest's umask.
+        for directory in (WORK, *WORK.parents):
+            if directory == Path("/run"):
+                break
+            directory.chmod(0o755)
         result = rig.run(["modprobe", "hci_vhci"], check=False, capture=True)
         if result.returncode != 0 or not Path("/dev/vhci").is_char_device():
             self.results.fails("ble-setup", "hci_vhci loaded, /dev/vhci present", result.stderr)

@@ -611,6 +611,12 @@ control:
 
     def run(self) -> int:
         WORK.mkdir(parents=True, exist_ok=True)
+        # The daemon's socket and instance lock live here: a directory others
+        # may write is refused, whatever the guest's umask.
+        for directory in (WORK, *WORK.parents):
+            if directory == Path("/run"):
+                break
+            directory.chmod(0o755)
         self.check("r1", "board/raspberry-pi.yaml without its devices: clear refusal, exit status 1-123",
                    self.rpi_board_fails_clearly)
         self.check("setup-i2c", "i2c-stub (0x40, 0x41, 0x27) and i2c-dev loaded, stub bus found by name",

@@ -31,6 +31,13 @@ final class InstanceLock: Sendable {
         let safeName = String(board.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" ? $0 : "_" })
         path = (directory.isEmpty ? "." : directory) + "/blecontrold-\(safeName).lock"
         Files.makeDirectories(directory.isEmpty ? "." : directory)
+        // A directory anyone may write (a socket in /tmp) is refused: there
+        // anyone could take the lock's name first and keep the daemon from
+        // starting, or plant a file for it to write (as the simulator's
+        // socket directory is refused).
+        if let problem = UserRuntime.problem(ownDirectory: directory.isEmpty ? "." : directory) {
+            throw BoardBuses.SetupError(description: "the control socket's directory \(directory.isEmpty ? "." : directory) \(problem): the instance lock beside it could be anyone's; put the control socket (--socket) in a directory only this user can write")
+        }
         // Never through a symlink, and never someone else's file: in a
         // directory others can write (a socket in /tmp), a name made there
         // first must not get a root daemon to truncate and write its target.

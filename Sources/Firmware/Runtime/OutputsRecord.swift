@@ -88,11 +88,9 @@ public enum OutputsRecord {
 
     /// A directory only its owner (root or the daemon's user) can change.
     private static func checkDirectory(_ directory: String, anyOwner: Bool = false) throws(Refusal) {
-        var folder = stat()
-        guard lstat(directory, &folder) == 0 else { throw Refusal(description: "\(directory): \(lastError())") }
-        guard folder.st_mode & S_IFMT == S_IFDIR else { throw Refusal(description: "\(directory) is not a directory") }
-        guard folder.st_mode & 0o022 == 0 else { throw Refusal(description: "\(directory) is writable by group or others (a record there could be anyone's)") }
-        guard anyOwner || folder.st_uid == 0 || folder.st_uid == geteuid() else { throw Refusal(description: "\(directory) belongs to uid \(folder.st_uid), neither root nor this user") }
+        if let problem = UserRuntime.problem(ownDirectory: directory, anyOwner: anyOwner) {
+            throw Refusal(description: "\(directory) \(problem) (a record there could be anyone's)")
+        }
     }
 }
 
