@@ -12,6 +12,7 @@ the two-centrals phase, BLE_OBSERVER_ADAPTER (default hci2).
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -365,8 +366,44 @@ async def mqtt_idle():
     check(mqtt_state().startswith("connected"), label + ": the broker is still connected (%s)" % mqtt_state(), mqtt_state())
 
 
+async def silence():
+    """Issue 36: silence is per commander. The BLE central commands channel 4
+    and then stays connected and silent; a TCP central sends SWITCH_VAL every
+    300 ms (the review's case) meanwhile. On a board with a 2 s silence
+    timeout the BLE central's channel fails safe, naming it, although the
+    TCP central never paused; the TCP central's own switch stays its own."""
+    label = "silence per commander (BLE frozen, TCP busy)"
+    hit = await find()
+    if not check(hit is not None, label + ": the board is found", hit):
+        return
+    port = int(status()["transports"]["tcp"].rsplit(":", 1)[1])
+    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
+        if not await pwm_4_at_half(client, label + ": the BLE central"):
+            return
+        tcp = socket.create_connection(("127.0.0.1", port))
+        try:
+            tcp.sendall(bytes([0x00, 0x00]))  # INIT: a central, not a stray connection
+            sent = 0
+
+            def engaged():
+                nonlocal sent
+                tcp.sendall(bytes([0x06, 0x02, 0x00, sent % 2]))
+                sent += 1
+                time.sleep(0.3)
+                return failsafe_of(status())
+            failsafe = await wait_for(engaged, tries=200)
+            check(failsafe is not None and failsafe.startswith("central silent: ble") and "channel 4" in failsafe,
+                  label + ": the frozen BLE central's channel 4 failed safe while the TCP central wrote every 300 ms "
+                  "(%d switch frames): %s" % (sent, failsafe), failsafe)
+            ok = await wait_for(lambda: duty_4(status()) == 0)
+            check(ok, label + ": channel 4 at duty 0, the BLE central still connected", (channel(status(), 4), ble_sessions(status())))
+            check(len(ble_sessions(status())) == 1, label + ": its connection stayed open", ble_sessions(status()))
+        finally:
+            tcp.close()
+
+
 PHASES = {"scenario": scenario, "demo-app": demo_app, "after-restart": after_restart,
-          "two-centrals": two_centrals, "mqtt-idle": mqtt_idle}
+          "two-centrals": two_centrals, "mqtt-idle": mqtt_idle, "silence": silence}
 
 
 def main():

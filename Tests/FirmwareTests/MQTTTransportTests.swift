@@ -27,6 +27,27 @@ private func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x"
 
 @Suite("The MQTT transport, on a real Mosquitto broker", .serialized, .enabled(if: Broker.available, "needs Debian's mosquitto and libmosquitto1 for this architecture (scripts/install-deps unit)"))
 struct MQTTTransportTests {
+    @Test("Silence is per commander over TCP and MQTT: a frozen TCP central's channel fails safe while Home Assistant-like commands keep coming")
+    func frozenTCPBesideBusyMQTT() throws {
+        let broker = try Broker()
+        let board = try RunningBoard(yaml: broker.boardYAML().replacingOccurrences(of: "silence_timeout_ms: 0 ", with: "silence_timeout_ms: 5000 "))
+        #expect(eventually { board.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.port)") }, "\(board.mqttState)")
+        let frozen = try LoopbackTCPClient(port: board.port)
+        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        // The broker connection commands switch 0, one message after another
+        // (each a mosquitto_pub: well within the 5 s), until the failsafe.
+        var reason: String?
+        for round in 0..<2000 where reason == nil {
+            try broker.publish("blecontrol/simulator/switch/0/set", round % 2 == 0 ? "ON" : "OFF")
+            reason = try board.servo().failsafe
+        }
+        #expect(reason?.hasPrefix("central silent: tcp") == true, "\(String(describing: reason))")
+        #expect(reason?.hasSuffix("(channel 0)") == true, "\(String(describing: reason))")
+        #expect(board.mqttState.hasPrefix("connected"), "the busy commander kept its own outputs and its connection")
+        _ = frozen
+    }
+
     @Test("Per-output topics and raw frames drive the outputs; ERROR replies and refusals go to …/errors; online, status and failsafe retained")
     func commands() throws {
         let broker = try Broker()
