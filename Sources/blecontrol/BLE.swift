@@ -21,8 +21,8 @@ let deliveryFlags = [syncFlag, verboseFlag]
 
 /// Sends `outgoing` through the control socket, or over the air (`--ble`)
 /// or a broker (`--mqtt`); exit status 1 when the board refused a frame.
-func deliver(_ outgoing: Outgoing, _ arguments: Parsed) throws {
-    guard let link = try frameLink(arguments) else { return try sendFrames(outgoing.bytes, arguments) }
+func deliver(_ outgoing: Outgoing, _ arguments: Parsed, command: (name: String, words: [String])? = nil) throws {
+    guard let link = try frameLink(arguments) else { return try sendFrames(outgoing.bytes, arguments, command: command) }
     defer { link.close() }
     try link.send(outgoing)
     try link.finish(arguments)
@@ -240,11 +240,14 @@ func sessionCommand() -> CLICommand { Command(
                     let text = afterCommand.drop { $0 != " " }.dropFirst()
                     commandWords = [words[1], String(text)]
                 }
-                let outgoing = try FrameCommands.outgoing(words[0], commandWords)
+                // `--raw` anywhere on a servo or pwm line, as on the command line.
+                let raw = ["servo", "pwm"].contains(words[0]) && commandWords.contains("--raw")
+                if raw { commandWords.removeAll { $0 == "--raw" } }
+                let outgoing = try FrameCommands.outgoing(words[0], commandWords, raw: raw)
                 if let link {
                     try link.send(outgoing)
                 } else {
-                    try sendFrames(outgoing.bytes, arguments)
+                    try sendFrames(outgoing.bytes, arguments, command: (words[0], commandWords))
                 }
             }
         } catch let failure as ExitFailure where failure.status == 1 && failure.description.isEmpty {

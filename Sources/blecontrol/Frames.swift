@@ -22,7 +22,11 @@ enum FrameCommands {
 
     /// The frames for command `name` with `words` (its arguments; for
     /// `lcd`, the text is everything after the line number).
-    static func outgoing(_ name: String, _ words: [String]) throws -> Outgoing {
+    ///
+    /// `raw`: SERVO_VAL and PWM_VAL take any 16-bit value (the original
+    /// app's full range, negatives as its Int16); without it, only the
+    /// protocol's 0…1000.
+    static func outgoing(_ name: String, _ words: [String], raw: Bool = false) throws -> Outgoing {
         func argument(_ index: Int, _ what: String) throws -> String {
             guard index < words.count else { throw UsageError("\(name): missing <\(what)>") }
             return words[index]
@@ -34,7 +38,7 @@ enum FrameCommands {
         case "servo", "pwm":
             try expectCount(2)
             let channel = try number(try argument(0, "channel"), "channel", UInt8.self)
-            let value = try wireValue(try argument(1, "value"))
+            let value = try wireValue(try argument(1, "value"), command: name, channel: channel, raw: raw)
             let message: Message = name == "servo" ? .servo(channel: channel, value: value) : .pwm(channel: channel, value: value)
             return Outgoing(bytes: FrameEncoder.encode(message), withResponse: false)
         case "enable":
@@ -77,15 +81,17 @@ enum FrameCommands {
 
     /// Prints every frame in `replies` as the board's answer; true when one
     /// was an ERROR.
+    /// `explain`: the reason for an ERROR, when it can be told.
     @discardableResult
-    static func report(replies: [UInt8]) -> Bool {
+    static func report(replies: [UInt8], explain: (UInt8) -> String? = { _ in nil }) -> Bool {
         var decoder = FrameDecoder(configuration: .init(idleTimeout: nil))
         var refused = false
         decoder.decode(replies, at: .now) { event in
             switch event {
             case .message(.error(let command)):
                 refused = true
-                print("board replied ERROR for command \(command) (\(ControlProtocol.hex(FrameEncoder.encode(.error(command: command)))))")
+                let why = explain(command).map { ": \($0)" } ?? ""
+                print("board replied ERROR for command \(command) (\(ControlProtocol.hex(FrameEncoder.encode(.error(command: command)))))\(why)")
             case .message(let message):
                 print("board sent \(message)")
             case .error(let error):
@@ -112,10 +118,69 @@ func onOff(_ text: String, _ name: String) throws -> Bool {
     }
 }
 
-/// A PWM or servo value: 0…65535, or a negative Int16 sent as the original
-/// app does (two's complement: -500 is FE 0C).
-func wireValue(_ text: String) throws -> UInt16 {
-    if let value = UInt16(text) { return value }
-    if let negative = Int16(text) { return UInt16(bitPattern: negative) }
-    throw UsageError("<value> must be -32768…65535, got \(text)")
+/// A PWM or servo value: the protocol's 0…1000, which is what the user
+/// means; with `raw`, 0…65535 or a negative Int16 sent as the original app
+/// does (two's complement: -500 is FE 0C). A value in the wrong unit
+/// (`servo 0 1500`, thinking in µs) would drive full travel: it is refused
+/// with the range and the unit.
+func wireValue(_ text: String, command: String = "servo", channel: UInt8 = 0, raw: Bool = false) throws -> UInt16 {
+    if raw {
+        if let value = UInt16(text) { return value }
+        if let negative = Int16(text) { return UInt16(bitPattern: negative) }
+        throw UsageError("<value> with --raw must be -32768…65535, got \(text)")
+    }
+    if let value = UInt16(text), value <= 1000 { return value }
+    let unit = command == "servo"
+        ? "0…1000 (1000…2000 µs, a servo's travel; 500 is the centre, 1500 µs)"
+        : "0…1000 (the duty in per mille; 500 is 50 %)"
+    var hint = ""
+    if command == "servo", let micros = Int(text), (500...2500).contains(micros) {
+        hint = "; for \(micros) µs: `blecontrol servo \(channel) \(max(0, min(1000, micros - 1000)))`"
+    }
+    throw UsageError("<value> for \(command) must be \(unit), got \(text)\(hint); --raw sends any 16-bit value, as the original app could")
+}
+
+/// --raw for `servo` and `pwm`.
+let rawFlag = CLICommand.Flag("raw", help: "Send VALUE as the original app could: any 16-bit value, negatives as its Int16 (without it, only 0…1000).")
+
+extension FrameCommands {
+    /// Why the board answered ERROR for `command` after the frames of
+    /// `name` with `words`, from its status: the reason in the user's terms
+    /// (nil when the status does not say).
+    static func reason(forError command: UInt8, name: String, words: [String], status: StatusReport) -> String? {
+        let first = words.first.flatMap { Int($0) }
+        switch command {
+        case 1, 2, 3:
+            let channels = status.channels.map(\.channel).sorted()
+            guard let channel = first, !channels.contains(channel) else { return nil }
+            return "channel \(channel) is not on board \(status.board.printable) (channels \(ranges(channels)))"
+        case 4:
+            guard let line = first, let rows = status.lcd?.rows, line >= rows else {
+                return status.lcd == nil ? "board \(status.board.printable) has no LCD" : nil
+            }
+            return "line \(line) is not on board \(status.board.printable)'s \(rows)-line LCD (lines 0-\(rows - 1))"
+        case 5:
+            return status.lcd == nil ? "board \(status.board.printable) has no LCD" : nil
+        case 6:
+            let switches = status.switches.map(\.switch).sorted()
+            guard let index = first, !switches.contains(index) else { return nil }
+            return switches.isEmpty ? "board \(status.board.printable) has no switches"
+                : "switch \(index) is not on board \(status.board.printable) (switches \(ranges(switches)))"
+        default:
+            return nil
+        }
+    }
+
+    /// "0-7", "0-3, 8, 10-11".
+    static func ranges(_ numbers: [Int]) -> String {
+        var parts: [String] = []
+        var index = 0
+        while index < numbers.count {
+            var end = index
+            while end + 1 < numbers.count, numbers[end + 1] == numbers[end] + 1 { end += 1 }
+            parts.append(end == index ? "\(numbers[index])" : "\(numbers[index])-\(numbers[end])")
+            index = end + 1
+        }
+        return parts.isEmpty ? "none" : parts.joined(separator: ", ")
+    }
 }

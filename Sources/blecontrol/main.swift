@@ -33,9 +33,25 @@ func askDaemon<T>(_ arguments: Parsed, _ request: (ControlClient) throws -> T) t
 
 /// Sends frames through the control socket and reports any ERROR reply;
 /// exit status 1 when the board refused a frame.
-func sendFrames(_ bytes: [UInt8], _ arguments: Parsed) throws {
+/// Sends through the control socket. For a command (`name`, `words`):
+/// an ERROR is told with its reason from the board's status, and a value
+/// for a channel that is not enabled says so.
+func sendFrames(_ bytes: [UInt8], _ arguments: Parsed, command: (name: String, words: [String])? = nil) throws {
     let replies = try askDaemon(arguments) { try $0.send(bytes) }
-    if FrameCommands.report(replies: replies) { throw ExitFailure.silent(1) }
+    var board: StatusReport?
+    func status() -> StatusReport? {
+        if board == nil { board = try? askDaemon(arguments) { try $0.status() } }
+        return board
+    }
+    let refused = FrameCommands.report(replies: replies) { code in
+        guard let command, let report = status() else { return nil }
+        return FrameCommands.reason(forError: code, name: command.name, words: command.words, status: report)
+    }
+    if refused { throw ExitFailure.silent(1) }
+    if let command, command.name == "servo" || command.name == "pwm", let number = command.words.first.flatMap(Int.init),
+       let channel = status()?.channels.first(where: { $0.channel == number }), !channel.enabled {
+        printError("note: channel \(number) is not enabled: it outputs nothing until `blecontrol enable \(number) on` (ANALOG_OUT_EN); the value is kept")
+    }
 }
 
 let channelArgument = CLICommand.Positional("channel", help: "Channel 0…255.")
@@ -54,17 +70,20 @@ let status = Command("status", abstract: "Show outputs, display, LED, sessions a
 /// A frame-sending command: its frames come from FrameCommands, and go
 /// through the control socket or, with --ble, over the air.
 func frameCommand(_ name: String, abstract: String, discussion: String = "", positionals: [CLICommand.Positional]) -> CLICommand {
-    CLICommand(name, abstract: abstract, discussion: discussion, options: deliveryOptions, flags: deliveryFlags, positionals: positionals) { arguments in
-        try deliver(try FrameCommands.outgoing(name, arguments.positionals), arguments)
+    let values = name == "servo" || name == "pwm"
+    return CLICommand(name, abstract: abstract, discussion: discussion, options: deliveryOptions, flags: deliveryFlags + (values ? [rawFlag] : []),
+                      positionals: positionals) { arguments in
+        try deliver(try FrameCommands.outgoing(name, arguments.positionals, raw: values && arguments.flag("raw")), arguments,
+                    command: (name, arguments.positionals))
     }
 }
 
 let onOffArgument = CLICommand.Positional("state", help: "on or off (1/0, true/false).")
 let frameCommands = [
-    frameCommand("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH.",
-                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…65535 (0…1000 is the 1000…2000 µs servo range).")]),
-    frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH.",
-                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000 (per mille); negative values go as the app's Int16.")]),
+    frameCommand("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH, e.g. `blecontrol servo 0 500` (1500 µs, the centre).",
+                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000: 1000…2000 µs, clamped to the channel's calibration (--raw: any 16-bit value).")]),
+    frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH, e.g. `blecontrol pwm 4 250` (25 %).",
+                 positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000 (per mille; --raw: any 16-bit value, negatives as the app's Int16).")]),
     frameCommand("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", positionals: [channelArgument, onOffArgument]),
     frameCommand("switch", abstract: "SWITCH_VAL: a digital output on or off.", positionals: [CLICommand.Positional("switch", help: "Switch 0…255."), onOffArgument]),
     frameCommand("lcd", abstract: "LCD_TEXT: show TEXT on LINE.",

@@ -293,6 +293,36 @@ struct SimulatorEndToEndTests {
         #expect(safe.stderr.contains("/dev/i2c-1"))
     }
 
+    @Test("Values mean what the user thinks: servo and pwm take 0…1000 (µs and negatives refused, named with the unit) unless --raw; ERROR replies say why; a channel not enabled is named")
+    func valuesAndReasons() throws {
+        let daemon = try SimulatorDaemon()
+        for (arguments, words) in [(["servo", "0", "1500"], ["0…1000", "1000…2000 µs", "got 1500", "`blecontrol servo 0 500`", "--raw"]),
+                                   (["servo", "0", "-5"], ["0…1000", "got -5"]),
+                                   (["servo", "0", "70000"], ["0…1000", "got 70000"]),
+                                   (["pwm", "4", "1001"], ["per mille", "got 1001"])] {
+            let refused = try daemon.cli(arguments)
+            #expect(refused.status == 2, "\(arguments)")
+            for word in words { #expect(refused.stderr.contains(word), "\(arguments): \(refused.stderr)") }
+        }
+        // Nothing of them reached the board.
+        #expect(try daemon.status().channel(0)?["value"] == nil)
+        let raw = try daemon.cli(["servo", "0", "-5", "--raw"])
+        #expect(raw.status == 0, "\(raw.stderr)")
+        _ = try daemon.waitFor("channel 0's value 65531, the original app's Int16 as sent") { $0.channel(0)?["value"] as? Int == 65531 }
+        let notEnabled = try daemon.cli(["servo", "1", "500"])
+        #expect(notEnabled.status == 0)
+        #expect(notEnabled.stderr.contains("channel 1 is not enabled") && notEnabled.stderr.contains("blecontrol enable 1 on"), "\(notEnabled.stderr)")
+        #expect(try daemon.cli(["enable", "1", "on"]).status == 0)
+        #expect(!(try daemon.cli(["servo", "1", "500"]).stderr.contains("not enabled")))
+        for (arguments, reason) in [(["servo", "12", "500"], "channel 12 is not on board simulator (channels 0-7)"),
+                                    (["lcd", "5", "hi"], "line 5 is not on board simulator's 2-line LCD (lines 0-1)"),
+                                    (["switch", "7", "on"], "switch 7 is not on board simulator (switches 0-3)")] {
+            let refused = try daemon.cli(arguments)
+            #expect(refused.status == 1)
+            #expect(refused.stdout.contains(reason), "\(arguments): \(refused.stdout)")
+        }
+    }
+
     @Test("Silent control-socket connections cannot lock the operator out: status answers beside 64 of them, and they are closed")
     func silentControlConnections() throws {
         let daemon = try SimulatorDaemon()
