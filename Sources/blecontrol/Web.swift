@@ -449,7 +449,17 @@ final class WebServer: @unchecked Sendable {
         for deliver in waiting { deliver(found) }
     }
 
+    /// Slots only a connection that has sent its request can hold:
+    /// connections still reading a head never fill the server (the oldest
+    /// makes way), so silent ones cannot lock a browser out.
+    static let reservedForRequests = 8
+
     fileprivate func accept(_ fd: CInt) {
+        let waiting = connections.values.filter(\.isReadingHead)
+        if waiting.count >= WebServer.maximumConnections - WebServer.reservedForRequests,
+           let oldest = waiting.min(by: { $0.acceptedAt < $1.acceptedAt }) {
+            oldest.close()
+        }
         let connection = WebConnection(fd: fd, loop: loop, site: site, hosts: hosts, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in
             guard let self else { return }
             self.connections[ObjectIdentifier(closed)] = nil
@@ -504,6 +514,10 @@ final class WebConnection {
     private var token: LoopToken?
     private var timer: LoopToken?
     private var phase = Phase.reading
+    /// When it was accepted: the oldest still reading its head makes way.
+    let acceptedAt = ContinuousClock.now
+    /// Still waiting for a whole request head.
+    var isReadingHead: Bool { phase == .reading && !closed }
     private var received: [UInt8] = []
     private var outbound: [UInt8] = []
     private var written = 0

@@ -200,6 +200,18 @@ struct WebCommandTests {
         #expect(server.stop(signal: SIGINT) == 0)
     }
 
+    @Test("Silent connections cannot lock a browser out: the page is served beside 64 of them")
+    func silentConnections() throws {
+        let server = try WebServerProcess()
+        let silent = try (0..<64).map { _ in try LoopbackTCPClient(port: server.port) }
+        #expect(try get(server.port, "/index.html").status == 200)
+        // The ones that never asked are all closed in the end (the oldest
+        // made way; the rest answered 408 at their deadline).
+        let closed = silent.filter { $0.isClosedByPeer }.count
+        #expect(closed == silent.count)
+        #expect(server.stop() == 0)
+    }
+
     @Test("Only its own Host names: a DNS-rebinding page's Host is refused (421), a foreign Origin too (403); --host adds names")
     func hostAndOrigin() throws {
         let server = try WebServerProcess(arguments: ["--listen", "127.0.0.1:0", "--host", "board.lan,Pi.Example."])
