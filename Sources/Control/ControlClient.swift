@@ -137,6 +137,14 @@ public final class ControlClient {
         return response.forgotten ?? []
     }
 
+    /// Ends the failsafe (root, the daemon's own user); the reason it had,
+    /// nil when none held.
+    public func clearFailsafe() throws -> String? {
+        let response = try request(ControlProtocol.Request(op: .clearFailsafe))
+        guard response.ok else { throw Failure(description: response.error ?? "clear-failsafe failed") }
+        return response.cleared
+    }
+
     /// The default socket: `$BLECONTROL_SOCKET`, else the installed daemon's,
     /// else the simulator's of this user (``UserRuntime/simulatorSocketPath(runtimeDirectory:uid:)``).
     public static func defaultPath() -> String {

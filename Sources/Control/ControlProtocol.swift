@@ -2,7 +2,7 @@
 /// JSON object per line each way.
 ///
 /// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`,
-/// `{"op":"forget-bonds"}`.
+/// `{"op":"forget-bonds"}`, `{"op":"clear-failsafe"}`.
 /// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
 /// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
 /// `{"ok":true,"forgotten":["AA:BB:…"]}`, or `{"ok":false,"error":"…"}`.
@@ -17,6 +17,9 @@ public enum ControlProtocol {
         case send
         /// Remove every BLE bond of the board's adapter (each central must pair again).
         case forgetBonds = "forget-bonds"
+        /// End the failsafe on purpose, as the operator at the board
+        /// (outputs stay where it put them until a command moves them).
+        case clearFailsafe = "clear-failsafe"
     }
 
     public struct Request: Codable, Sendable {
@@ -37,13 +40,17 @@ public enum ControlProtocol {
         public var replies: String?
         /// The addresses whose bonds `forget-bonds` removed.
         public var forgotten: [String]?
-        public init(ok: Bool, error: String? = nil, status: StatusReport? = nil, poll: PollReport? = nil, replies: String? = nil, forgotten: [String]? = nil) {
+        /// The reason of the failsafe `clear-failsafe` ended (absent: none held).
+        public var cleared: String?
+        public init(ok: Bool, error: String? = nil, status: StatusReport? = nil, poll: PollReport? = nil, replies: String? = nil, forgotten: [String]? = nil,
+                    cleared: String? = nil) {
             self.ok = ok
             self.error = error
             self.status = status
             self.poll = poll
             self.replies = replies
             self.forgotten = forgotten
+            self.cleared = cleared
         }
     }
 

@@ -806,7 +806,7 @@ struct Context {
                 ))
             }
             if let failsafe = servo.failsafe {
-                findings.append(DoctorFinding(.warn, "servo path", "failsafe active: \(failsafe.printable)", fix: "a central re-enables the channels (ANALOG_OUT_EN) and sends new values"))
+                findings.append(DoctorFinding(.warn, "servo path", "failsafe active: \(failsafe.printable)", fix: "a central commands an output the one that left commanded (ANALOG_OUT_EN on for an ESC, then a value); or, at the board, `sudo blecontrol failsafe clear`"))
             }
         }
         if let lcd = status.lcd {

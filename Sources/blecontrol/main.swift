@@ -122,6 +122,17 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
     }
 }
 
+let failsafe = Command("failsafe", abstract: "End the board's failsafe on purpose, as the operator at the board: `blecontrol failsafe clear`.",
+                       discussion: "Root or the daemon's own user (the simulator's owner) only; the daemon logs who did it. The outputs stay where the failsafe put them (a servo holding, an ESC stopped and latched) until a command moves them, exactly as when a central ends it: an ESC needs `blecontrol enable CH on` and a new value. A central ends a failsafe by commanding an output the central that left had commanded (docs/protocol.md, \"Failsafe\").",
+                       options: [socketOption],
+                       positionals: [CLICommand.Positional("action", help: "clear")]) { arguments in
+    guard arguments.positionals == ["clear"] else {
+        throw UsageError("failsafe takes one action: clear (got \(arguments.positionals.joined(separator: " ")))")
+    }
+    let cleared = try askDaemon(arguments) { try $0.clearFailsafe() }
+    print(cleared.map { "failsafe cleared (was: \($0.printable)); the outputs stay as it left them until a command moves them" } ?? "no failsafe: nothing to clear")
+}
+
 let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded with the board (ble.security: encrypted or authenticated); each must pair again.",
                           discussion: "Root only (or the daemon's own user): the daemon refuses anyone else. It asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
                           options: [socketOption]) { arguments in
@@ -182,5 +193,5 @@ Command(
     instead, through bluetoothd, to any board in range (`blecontrol scan` lists them); with --mqtt NAME@BROKER through \
     an MQTT broker (`blecontrol fleet --mqtt BROKER` lists the boards on it).
     """,
-    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), fleetCommand(), watch, forgetBonds, webCommand(), doctorCommand()]
+    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), fleetCommand(), watch, failsafe, forgetBonds, webCommand(), doctorCommand()]
 ).main(version: BLEControlVersion.string, manual: manual, completion: true)

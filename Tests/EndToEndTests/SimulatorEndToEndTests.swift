@@ -323,6 +323,27 @@ struct SimulatorEndToEndTests {
         }
     }
 
+    @Test("blecontrol failsafe clear: the operator ends a failsafe on purpose; logged with who; the outputs stay where it put them")
+    func operatorClearsFailsafe() throws {
+        let daemon = try SimulatorDaemon()
+        #expect(try daemon.cli(["failsafe", "clear"]).stdout.contains("no failsafe"))
+        do {
+            // The README's TCP example: a central that commands, then leaves.
+            let central = try LoopbackTCPClient(port: daemon.tcpPort)
+            try central.send(FrameEncoder.encode(.enable(channel: 4, on: true)) + FrameEncoder.encode(.pwm(channel: 4, value: 500)))
+            _ = try daemon.waitFor("channel 4 at 50 %") { abs(($0.duty(4) ?? 0) - 0.5) < 0.001 }
+        }
+        _ = try daemon.waitFor("the failsafe") { (($0["servo"] as? [String: Any])?["failsafe"] as? String)?.hasPrefix("central left: tcp") == true }
+        let cleared = try daemon.cli(["failsafe", "clear"])
+        #expect(cleared.status == 0, "\(cleared.stderr)")
+        #expect(cleared.stdout.contains("failsafe cleared (was: central left: tcp"), "\(cleared.stdout)")
+        let after = try daemon.status()
+        #expect((after["servo"] as? [String: Any])?["failsafe"] == nil)
+        #expect(after.duty(4) == 0, "PWM stays at its failsafe duty until a command moves it")
+        #expect(daemon.log(tail: 40).contains("failsafe cleared by"), "who did it is logged")
+        #expect(try daemon.cli(["failsafe", "open"]).status == 2)
+    }
+
     @Test("Silent control-socket connections cannot lock the operator out: status answers beside 64 of them, and they are closed")
     func silentControlConnections() throws {
         let daemon = try SimulatorDaemon()

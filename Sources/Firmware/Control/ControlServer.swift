@@ -21,6 +21,9 @@ public final class ControlServer: @unchecked Sendable {
     /// The pairing passkey on display, if any: hidden from callers that are
     /// not trusted (``Client/trusted``).
     var secretProvider: (() -> String?)?
+    /// Ends the failsafe on an operator's word (who, for the log); the
+    /// reason it had, nil when none held.
+    var failsafeClearer: ((String) -> String?)?
     /// Forgets the BLE bonds and completes (on any thread) with the
     /// addresses forgotten; nil when the board has no BLE.
     var bondsForgetter: ((@escaping @Sendable (Result<[String], any Error>) -> Void) -> Void)?
@@ -40,6 +43,8 @@ public final class ControlServer: @unchecked Sendable {
         /// reads the status without the passkey. From SO_PEERCRED, which
         /// the caller cannot choose.
         let trusted: Bool
+        /// The caller's uid (SO_PEERCRED), for the log.
+        let uid: uid_t?
         var session: Session?
         var buffer: [UInt8] = []
         var replies: [UInt8] = []
@@ -47,9 +52,10 @@ public final class ControlServer: @unchecked Sendable {
         /// Closes it if no request came by ``ControlServer/requestDeadline``;
         /// nil once one did.
         var deadline: LoopToken?
-        init(connection: StreamConnection, trusted: Bool, acceptedAt: ContinuousClock.Instant) {
+        init(connection: StreamConnection, trusted: Bool, uid: uid_t?, acceptedAt: ContinuousClock.Instant) {
             self.connection = connection
             self.trusted = trusted
+            self.uid = uid
             self.acceptedAt = acceptedAt
         }
     }
@@ -91,7 +97,7 @@ public final class ControlServer: @unchecked Sendable {
 
     private func accepted(_ fd: FileDescriptor) {
         let uid = Sockets.peerUID(fd)
-        let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid(), acceptedAt: loop.now)
+        let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid(), uid: uid, acceptedAt: loop.now)
         let key = ObjectIdentifier(client)
         let silent = clients.values.filter { $0.deadline != nil }
         if silent.count >= Self.maxConnections - Self.reservedForRequests, let oldest = silent.min(by: { $0.acceptedAt < $1.acceptedAt }) {
@@ -159,6 +165,18 @@ public final class ControlServer: @unchecked Sendable {
                 return respond(ControlProtocol.Response(ok: false, error: "poll is not available yet"), to: client)
             }
             respond(ControlProtocol.Response(ok: true, poll: pollProvider()), to: client)
+        case .clearFailsafe:
+            // The operator at the board: root, or the daemon's own user (the
+            // simulator's owner). Group blecontrol drives outputs, but ending
+            // a failsafe is a decision about safety, not a command.
+            guard client.trusted else {
+                return respond(ControlProtocol.Response(ok: false, error: "only root or the daemon's own user may end a failsafe: sudo blecontrol failsafe clear"), to: client)
+            }
+            guard let failsafeClearer else {
+                return respond(ControlProtocol.Response(ok: false, error: "this board has no servo path: no failsafe"), to: client)
+            }
+            let who = client.uid.map { "\(UserRuntime.userName($0)) through the control socket" } ?? "the control socket"
+            respond(ControlProtocol.Response(ok: true, cleared: failsafeClearer(who)), to: client)
         case .forgetBonds:
             // Every bond of the adapter goes (the phones of other programs
             // too): root's decision, not any member of group blecontrol's.

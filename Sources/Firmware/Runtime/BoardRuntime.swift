@@ -243,12 +243,14 @@ public final class BoardRuntime: @unchecked Sendable {
             // central's commands of its own outputs end nothing (issue 36).
             // Any other failsafe (a fault, a stall) ends with any command.
             if let pending = failsafeOutputs, pending.isDisjoint(with: taken) { return }
-            failsafeOutputs = nil
-            guard let cleared = servo.clearFailsafe() else { return }
-            notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
-            parts.lcd?.show(.failsafe, nil)
-            indicator?.refresh()
-            mqtt?.statusMayHaveChanged()
+            endFailsafe()
+        }
+        control.failsafeClearer = { [unowned self] who in
+            let cleared = endFailsafe()
+            if let cleared {
+                logger.notice("failsafe cleared by \(who) (was: \(cleared.reason)); the outputs stay as it left them until a command moves them")
+            }
+            return cleared?.reason
         }
         hub.onCentralsChanged = { [unowned self] _ in self.indicator?.refresh() }
         hub.onCommanderLeft = { [unowned self] session, outputs in
@@ -266,6 +268,19 @@ public final class BoardRuntime: @unchecked Sendable {
                 Array(repeating: nil, count: max(lcd.rows - 1, 0)) + ["PIN \(passkey)"]
             })
         }
+    }
+
+    /// On the loop: the failsafe is over (a central took control, or the
+    /// operator said so); the LCD, LED, systemd and the broker are told.
+    @discardableResult
+    private func endFailsafe() -> ServoPath.Failsafe? {
+        failsafeOutputs = nil
+        guard let cleared = parts.servo?.clearFailsafe() else { return nil }
+        notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
+        parts.lcd?.show(.failsafe, nil)
+        indicator?.refresh()
+        mqtt?.statusMayHaveChanged()
+        return cleared
     }
 
     /// On the loop: a commander left or went silent with `outputs`. A
