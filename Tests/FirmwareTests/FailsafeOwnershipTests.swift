@@ -130,12 +130,17 @@ struct FailsafeOwnershipRuleTests {
     }
 }
 
+/// Who was silenced, with what, and when (a type of its own at file scope:
+/// sid's Swift 6.2.3 crashed emitting debug info for one local to a function).
+private final class SilencedRecord {
+    var all: [(TransportKind, [Dispatcher.Output], ContinuousClock.Instant)] = []
+}
+
 @Suite("Silence is per commander, on virtual time")
 struct SilencePerCommanderTests {
     /// The rig's hub watched as the runtime watches it.
     private static func watched(_ rig: OwnershipRig, timeout: Duration) -> (FailsafeWatch, () -> [(TransportKind, [Dispatcher.Output], ContinuousClock.Instant)]) {
-        final class Record { var all: [(TransportKind, [Dispatcher.Output], ContinuousClock.Instant)] = [] }
-        let silenced = Record()
+        let silenced = SilencedRecord()
         rig.hub.onCommanderSilent = { session, outputs in silenced.all.append((session.transport, outputs, rig.loop.now)) }
         let watch = FailsafeWatch(loop: rig.loop, silenceTimeout: timeout, stallTimeout: .seconds(600),
                                   lastFrame: { rig.hub.quietestCommanderFrameAt },
