@@ -77,7 +77,10 @@ func soakDaemon(binary: String, seconds: Double, speed: Double = 1) throws -> Bo
     // One control connection for the whole run: a quiet moment's count of
     // descriptors then holds exactly it, never a status request's
     // connection the daemon has not closed yet.
+    // Its first request at once: the daemon closes a control connection
+    // that sends none within ControlServer.requestDeadline.
     let control = try ControlLine(path: daemon.socket)
+    _ = try control.request(#"{"op":"status"}"#)
     var central: LoopbackTCPClient? = try LoopbackTCPClient(port: daemon.port)
     let enable = DemoAppTraffic.enable
     try central?.send(enable)
