@@ -75,3 +75,45 @@ extension ChannelConfiguration {
         return Microseconds(center.value + fraction * (maximum.value - center.value))
     }
 }
+
+/// A pulse width asked of a channel in µs (MQTT's `…/pulse/N/set`,
+/// `blecontrol pulse`): the SERVO_VAL that gives it, or why none does.
+/// One place for both, so a channel's calibration is read the same way.
+public enum PulseRequest {
+    /// Why a pulse cannot be asked of a channel.
+    public enum Refusal: Error, Equatable, CustomStringConvertible {
+        case noChannel(Int)
+        /// A PWM channel takes a duty, not a pulse.
+        case pwmChannel(Int)
+        /// Beyond the channel's calibrated range (min_us…max_us).
+        case outsideCalibration(channel: Int, microseconds: Double, minimum: Double, maximum: Double)
+
+        public var description: String {
+            switch self {
+            case .noChannel(let channel): return "there is no channel \(channel)"
+            case .pwmChannel(let channel): return "channel \(channel) is a PWM channel: it takes a duty, not a pulse"
+            case .outsideCalibration(let channel, let microseconds, let minimum, let maximum):
+                return "\(Self.figure(microseconds)) µs is outside channel \(channel)'s calibration (\(Self.figure(minimum))…\(Self.figure(maximum)) µs);"
+                    + " to go further, widen its min_us/max_us in the board file and reload (docs/calibration.md)"
+            }
+        }
+
+        private static func figure(_ value: Double) -> String {
+            value == value.rounded() ? "\(Int(value))" : "\((value * 10).rounded() / 10)"
+        }
+    }
+
+    /// The SERVO_VAL that makes `channel` produce `microseconds`.
+    /// `clamp`: a pulse beyond the calibration goes to its nearest end (Home
+    /// Assistant's number is bounded by it anyway); otherwise it is refused,
+    /// so an operator never believes a servo reached a pulse it did not.
+    public static func servoValue(_ microseconds: Double, channel: Int, of channels: [ChannelConfiguration], clamp: Bool) -> Result<UInt16, Refusal> {
+        guard let configuration = channels.first(where: { $0.channel == channel }) else { return .failure(.noChannel(channel)) }
+        guard configuration.role != .pwm else { return .failure(.pwmChannel(channel)) }
+        let (minimum, maximum) = (configuration.minimum.value, configuration.maximum.value)
+        if !clamp, !(minimum...maximum).contains(microseconds) {
+            return .failure(.outsideCalibration(channel: channel, microseconds: microseconds, minimum: minimum, maximum: maximum))
+        }
+        return .success(configuration.servoValue(forPulse: Microseconds(microseconds)))
+    }
+}

@@ -130,6 +130,15 @@ public final class ControlClient {
         return ControlProtocol.bytes(fromHex: response.replies ?? "") ?? []
     }
 
+    /// Sets a servo or ESC channel's pulse in µs, within its calibration
+    /// (the daemon refuses one outside it, with the range); returns the
+    /// frames the board sent back, as ``send(_:)``.
+    public func pulse(channel: Int, microseconds: Double) throws -> [UInt8] {
+        let response = try request(ControlProtocol.Request(op: .pulse, channel: channel, us: microseconds))
+        if let error = response.error, !response.ok { throw Failure(description: error) }
+        return ControlProtocol.bytes(fromHex: response.replies ?? "") ?? []
+    }
+
     /// Removes every BLE bond of the board; returns the addresses forgotten.
     public func forgetBonds() throws -> [String] {
         let response = try request(ControlProtocol.Request(op: .forgetBonds))

@@ -2,7 +2,8 @@
 /// JSON object per line each way.
 ///
 /// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`,
-/// `{"op":"forget-bonds"}`, `{"op":"clear-failsafe"}`.
+/// `{"op":"pulse","channel":0,"us":1500}`, `{"op":"forget-bonds"}`,
+/// `{"op":"clear-failsafe"}`.
 /// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
 /// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
 /// `{"ok":true,"forgotten":["AA:BB:…"]}`, or `{"ok":false,"error":"…"}`.
@@ -15,6 +16,10 @@ public enum ControlProtocol {
         case poll
         /// Frames, as a central would send them.
         case send
+        /// A servo or ESC channel's pulse in µs: the daemon turns it into
+        /// the SERVO_VAL that gives it with the channel's calibration, and
+        /// refuses one outside it; then as `send`.
+        case pulse
         /// Remove every BLE bond of the board's adapter (each central must pair again).
         case forgetBonds = "forget-bonds"
         /// End the failsafe on purpose, as the operator at the board
@@ -25,9 +30,14 @@ public enum ControlProtocol {
     public struct Request: Codable, Sendable {
         public var op: Operation
         public var hex: String?
-        public init(op: Operation, hex: String? = nil) {
+        /// `pulse`: the channel and the width in µs.
+        public var channel: Int?
+        public var us: Double?
+        public init(op: Operation, hex: String? = nil, channel: Int? = nil, us: Double? = nil) {
             self.op = op
             self.hex = hex
+            self.channel = channel
+            self.us = us
         }
     }
 

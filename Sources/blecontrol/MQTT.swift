@@ -169,6 +169,11 @@ final class MQTTLink: FrameLink, @unchecked Sendable {
         try connection.publish("\(base)/frames", outgoing.bytes)
     }
 
+    /// `…/pulse/N/set`: the board turns µs into a value with its calibration.
+    func sendPulse(channel: UInt8, microseconds: Double) throws {
+        try connection.publish("\(base)/pulse/\(channel)/set", Array("\(microseconds)".utf8))
+    }
+
     func close() { connection.close() }
 }
 

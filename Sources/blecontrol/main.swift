@@ -31,13 +31,16 @@ func askDaemon<T>(_ arguments: Parsed, _ request: (ControlClient) throws -> T) t
     }
 }
 
-/// Sends frames through the control socket and reports any ERROR reply;
-/// exit status 1 when the board refused a frame.
-/// Sends through the control socket. For a command (`name`, `words`):
-/// an ERROR is told with its reason from the board's status, and a value
-/// for a channel that is not enabled says so.
+/// Sends frames through the control socket. For a command (`name`,
+/// `words`): an ERROR is told with its reason from the board's status, and
+/// a value for a channel that is not enabled says so; exit status 1 when
+/// the board refused a frame.
 func sendFrames(_ bytes: [UInt8], _ arguments: Parsed, command: (name: String, words: [String])? = nil) throws {
-    let replies = try askDaemon(arguments) { try $0.send(bytes) }
+    try reportReplies(try askDaemon(arguments) { try $0.send(bytes) }, arguments, command: command)
+}
+
+/// The board's replies to `command`, as ``sendFrames(_:_:command:)`` tells them.
+func reportReplies(_ replies: [UInt8], _ arguments: Parsed, command: (name: String, words: [String])?) throws {
     var board: StatusReport?
     func status() -> StatusReport? {
         if board == nil { board = try? askDaemon(arguments) { try $0.status() } }
@@ -48,7 +51,7 @@ func sendFrames(_ bytes: [UInt8], _ arguments: Parsed, command: (name: String, w
         return FrameCommands.reason(forError: code, name: command.name, words: command.words, status: report)
     }
     if refused { throw ExitFailure.silent(1) }
-    if let command, command.name == "servo" || command.name == "pwm", let number = command.words.first.flatMap(Int.init),
+    if let command, ["servo", "pwm", "pulse"].contains(command.name), let number = command.words.first.flatMap(Int.init),
        let channel = status()?.channels.first(where: { $0.channel == number }), !channel.enabled {
         printError("note: channel \(number) is not enabled: it outputs nothing until `blecontrol enable \(number) on` (ANALOG_OUT_EN); the value is kept")
     }
@@ -95,6 +98,34 @@ let frameCommands = [
                  discussion: "The bytes must end on a frame boundary: a trailing incomplete frame is refused (exit status 1) and nothing is sent.",
                  positionals: [CLICommand.Positional("hex", help: "Hex bytes; spaces, colons and 0x prefixes are ignored.", variadic: true)]),
 ]
+
+let pulse = CLICommand(
+    "pulse", abstract: "A servo or ESC channel's pulse in µs, within its calibration, e.g. `blecontrol pulse 0 1500`.",
+    discussion: "The board turns the width into the SERVO_VAL that gives it with the channel's calibration (min_us, center_us, max_us, invert), as Home Assistant's pulse number does, and refuses a width outside min_us…max_us with the range: to find a servo's end stops, widen them in the board file and reload (docs/calibration.md). Through the control socket or --mqtt (…/pulse/N/set); over the air a central has no calibration to read, so --ble is refused.",
+    options: deliveryOptions, flags: deliveryFlags,
+    positionals: [channelArgument, CLICommand.Positional("microseconds", help: "The pulse width in µs, e.g. 1500 (a unit suffix us or µs is allowed).")]
+) { arguments in
+    guard arguments.positionals.count == 2 else { throw UsageError("pulse takes <channel> <microseconds>, e.g. `blecontrol pulse 0 1500`") }
+    let channel = try number(arguments.positionals[0], "channel", UInt8.self)
+    var text = arguments.positionals[1]
+    for suffix in ["µs", "us"] where text.hasSuffix(suffix) { text = String(text.dropLast(suffix.count)) }
+    guard let microseconds = Double(text), microseconds.isFinite, microseconds > 0, microseconds < 100_000 else {
+        throw UsageError("<microseconds> must be a pulse width in µs such as 1500, got \(arguments.positionals[1])")
+    }
+    if arguments.option("ble") != nil {
+        throw UsageError("pulse needs the board's calibration, which a central cannot read over the air: run it on the board (the control socket) or with --mqtt; over the air, `blecontrol servo` takes 0…1000")
+    }
+    if arguments.option("mqtt") != nil {
+        let link = try MQTTLink(arguments)
+        defer { link.close() }
+        try link.sendPulse(channel: channel, microseconds: microseconds)
+        try link.finish(arguments)
+        if link.replies.refused { throw ExitFailure.silent(1) }
+        return
+    }
+    try reportReplies(try askDaemon(arguments) { try $0.pulse(channel: Int(channel), microseconds: microseconds) }, arguments,
+                      command: ("pulse", arguments.positionals))
+}
 
 let watch = Command("watch", abstract: "A live view of the LCD text and every channel's pulse (Ctrl-C ends).",
                     options: [socketOption,
@@ -193,5 +224,5 @@ Command(
     instead, through bluetoothd, to any board in range (`blecontrol scan` lists them); with --mqtt NAME@BROKER through \
     an MQTT broker (`blecontrol fleet --mqtt BROKER` lists the boards on it).
     """,
-    subcommands: [status] + frameCommands + [sessionCommand(), scanCommand(), fleetCommand(), watch, failsafe, forgetBonds, webCommand(), doctorCommand()]
+    subcommands: [status] + frameCommands + [pulse, sessionCommand(), scanCommand(), fleetCommand(), watch, failsafe, forgetBonds, webCommand(), doctorCommand()]
 ).main(version: BLEControlVersion.string, manual: manual, completion: true)

@@ -56,6 +56,12 @@ struct MQTTFleetTests {
         // servo thread puts them out when it gets to them.
         _ = try alpha.waitFor("channel 0 at 1500 µs on alpha") { abs(($0.pulse(0) ?? 0) - 1500) < 5 }
         #expect(((try beta.status()).pulse(0) ?? 0) == 0)
+        // A pulse in µs through …/pulse/N/set; a PWM channel's refusal comes back in words.
+        let pulse = try run(Executables.cli, ["pulse", "0", "1750", "--mqtt", "alpha@\(address)", "--sync"] + access)
+        #expect(pulse.status == 0, "\(pulse.stdout) \(pulse.stderr)")
+        _ = try alpha.waitFor("channel 0 at 1750 µs on alpha") { abs(($0.pulse(0) ?? 0) - 1750) < 5 }
+        let pwmPulse = try run(Executables.cli, ["pulse", "4", "1500", "--mqtt", "alpha@\(address)", "--sync"] + access)
+        #expect(pwmPulse.status == 1 && (pwmPulse.stdout + pwmPulse.stderr).contains("channel 4 is a PWM channel"), "\(pwmPulse.stdout) \(pwmPulse.stderr)")
         let refused = try run(Executables.cli, ["send", "09", "00", "--mqtt", "alpha@\(address)", "--sync"] + access)
         #expect(refused.status == 1 && refused.stdout.contains("board replied ERROR for command 9 (ff0109)"), "\(refused.stdout) \(refused.stderr)")
 

@@ -323,6 +323,39 @@ struct SimulatorEndToEndTests {
         }
     }
 
+    @Test("blecontrol pulse: µs through the channel's calibration (inverted, widened); outside it, a PWM channel, a missing channel and --ble refused with the reason")
+    func pulseInMicroseconds() throws {
+        let simulator = try String(contentsOf: repositoryRoot.appendingPathComponent("board/simulator.yaml"), encoding: .utf8)
+        let calibrated = simulator.replacingOccurrences(of: "{ channel: 1, output: 1, role: servo, min_us: 1000, max_us: 2000 }",
+                                                        with: "{ channel: 1, output: 1, role: servo, min_us: 600, max_us: 2400, invert: true }")
+        #expect(calibrated != simulator, "board/simulator.yaml's channel 1 line moved: the test's replacement no longer applies")
+        let board = FileManager.default.temporaryDirectory.appendingPathComponent("pulse-\(UUID().uuidString.prefix(6)).yaml")
+        try calibrated.write(to: board, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: board) }
+        let daemon = try SimulatorDaemon(extraArguments: ["--board", board.path])
+        #expect(try daemon.cli(["enable", "0", "on"]).status == 0)
+        #expect(try daemon.cli(["enable", "1", "on"]).status == 0)
+        #expect(try daemon.cli(["pulse", "0", "1750"]).status == 0)
+        _ = try daemon.waitFor("channel 0 at 1750 µs") { abs(($0.pulse(0) ?? 0) - 1750) < 5 }
+        // Inverted and widened: 2300 µs is a SERVO_VAL near its far end, and
+        // the chip produces 2300 µs, not the nominal 1000 + value.
+        let wide = try daemon.cli(["pulse", "1", "2300us"])
+        #expect(wide.status == 0, "\(wide.stderr)")
+        _ = try daemon.waitFor("channel 1 at 2300 µs") { abs(($0.pulse(1) ?? 0) - 2300) < 5 }
+        for (arguments, reason, status) in [(["pulse", "0", "2400"], "2400 µs is outside channel 0's calibration (1000…2000 µs)", Int32(1)),
+                                            (["pulse", "4", "1500"], "channel 4 is a PWM channel", 1),
+                                            (["pulse", "12", "1500"], "there is no channel 12", 1),
+                                            (["pulse", "0", "fast"], "must be a pulse width in µs", 2),
+                                            (["pulse", "0", "1500", "--ble", "Board"], "calibration", 2)] {
+            let refused = try daemon.cli(arguments)
+            #expect(refused.status == status, "\(arguments): \(refused.stderr)")
+            #expect(refused.stderr.contains(reason), "\(arguments): \(refused.stderr)")
+        }
+        #expect(abs((try daemon.status().pulse(0) ?? 0) - 1750) < 5, "a refused pulse moves nothing")
+        let notEnabled = try daemon.cli(["pulse", "2", "1500"])
+        #expect(notEnabled.status == 0 && notEnabled.stderr.contains("channel 2 is not enabled"), "\(notEnabled.stderr)")
+    }
+
     @Test("blecontrol failsafe clear: the operator ends a failsafe on purpose; logged with who; the outputs stay where it put them")
     func operatorClearsFailsafe() throws {
         let daemon = try SimulatorDaemon()

@@ -397,7 +397,7 @@ struct PulseToValueTests {
         #expect(eventually { abs(board.pulse(1) - 2100) < 2 }, "\(board.pulse(1))")
         #expect(eventually { abs(((try? board.runtime.status().channels.first { $0.channel == 1 }?.setpointUs) ?? 0) - 2100) < 2 })
         try broker.publish("blecontrol/simulator/pulse/5/set", "1500")
-        #expect(eventually { errors.payloads("blecontrol/simulator/errors").contains(hex(Array("blecontrol/simulator/pulse/5/set: channel 5 is a PWM channel: use …/pwm/5/set".utf8))) },
+        #expect(eventually { errors.payloads("blecontrol/simulator/errors").contains(hex(Array("blecontrol/simulator/pulse/5/set: channel 5 is a PWM channel: it takes a duty, not a pulse (…/pwm/5/set)".utf8))) },
                 "\(errors.lines)")
     }
 }

@@ -1,6 +1,8 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import BLEControlProtocol
+import Board
 import Control
 import Logging
 import Reactor
@@ -24,6 +26,8 @@ public final class ControlServer: @unchecked Sendable {
     /// Ends the failsafe on an operator's word (who, for the log); the
     /// reason it had, nil when none held.
     var failsafeClearer: ((String) -> String?)?
+    /// The board's channels as they are now (`pulse` reads their calibration).
+    var channelsProvider: (() -> [ChannelConfiguration])?
     /// Forgets the BLE bonds and completes (on any thread) with the
     /// addresses forgotten; nil when the board has no BLE.
     var bondsForgetter: ((@escaping @Sendable (Result<[String], any Error>) -> Void) -> Void)?
@@ -199,20 +203,35 @@ public final class ControlServer: @unchecked Sendable {
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)
             }
-            let session = client.session ?? hub.open(transport: .control, peer: "cli") { [weak client] frame in
-                client?.replies.append(contentsOf: frame)
+            apply(bytes, from: client)
+        case .pulse:
+            guard let channel = request.channel, let microseconds = request.us, microseconds.isFinite, (0...255).contains(channel) else {
+                return respond(ControlProtocol.Response(ok: false, error: "pulse needs \"channel\" (0…255) and \"us\" (a pulse width in µs)"), to: client)
             }
-            client.session = session
-            let mark = dispatcher.mark
-            hub.receive(bytes, for: session)
-            // Answer like a write with response: once the hardware has it.
-            dispatcher.whenApplied(since: mark) { [weak self, weak client] error in
-                guard let server = self, let client else { return }
-                server.loop.execute {
-                    let replies = ControlProtocol.hex(client.replies)
-                    client.replies.removeAll()
-                    server.respond(ControlProtocol.Response(ok: error == nil, error: error, replies: replies), to: client)
-                }
+            switch PulseRequest.servoValue(microseconds, channel: channel, of: channelsProvider?() ?? [], clamp: false) {
+            case .success(let value):
+                apply(FrameEncoder.encode(.servo(channel: UInt8(channel), value: value)), from: client)
+            case .failure(let refusal):
+                respond(ControlProtocol.Response(ok: false, error: "\(refusal)"), to: client)
+            }
+        }
+    }
+
+    /// Frames from `client`, as its central's session would send them; the
+    /// reply once the hardware has them, as a write with response.
+    private func apply(_ bytes: [UInt8], from client: Client) {
+        let session = client.session ?? hub.open(transport: .control, peer: "cli") { [weak client] frame in
+            client?.replies.append(contentsOf: frame)
+        }
+        client.session = session
+        let mark = dispatcher.mark
+        hub.receive(bytes, for: session)
+        dispatcher.whenApplied(since: mark) { [weak self, weak client] error in
+            guard let server = self, let client else { return }
+            server.loop.execute {
+                let replies = ControlProtocol.hex(client.replies)
+                client.replies.removeAll()
+                server.respond(ControlProtocol.Response(ok: error == nil, error: error, replies: replies), to: client)
             }
         }
     }

@@ -245,6 +245,7 @@ public final class BoardRuntime: @unchecked Sendable {
             if let pending = failsafeOutputs, pending.isDisjoint(with: taken) { return }
             endFailsafe()
         }
+        control.channelsProvider = { [unowned self] in self.configuration.servo?.channels ?? [] }
         control.failsafeClearer = { [unowned self] who in
             let cleared = endFailsafe()
             if let cleared {

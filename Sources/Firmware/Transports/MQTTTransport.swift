@@ -42,7 +42,7 @@ public final class MQTTTransport: @unchecked Sendable {
     /// Until when the status is looked at again (``statusMayHaveChanged()``).
     private var settleUntil: ContinuousClock.Instant?
     /// The board's channels (for `…/pulse/N/set`) and what discovery says of the hardware.
-    private var channels: [Int: ChannelConfiguration] = [:]
+    private var channels: [ChannelConfiguration] = []
     private let hardware: MQTTDiscovery.Hardware
     /// How long after the last change the status is still watched: what a
     /// command sets off can take this long to show (an ESC's failsafe dwell,
@@ -85,7 +85,7 @@ public final class MQTTTransport: @unchecked Sendable {
     /// What the transport takes from the board file (at start and on reload).
     private func adopt(_ board: BoardConfiguration) {
         let channelList = board.servo?.channels ?? []
-        channels = Dictionary(channelList.map { ($0.channel, $0) }) { first, _ in first }
+        channels = channelList
         let dwell = channelList.map(\.failsafeDwell).max() ?? .zero
         settleWindow = max(.seconds(2), dwell + .seconds(1))
         discovery = configuration.discovery
@@ -283,12 +283,13 @@ public final class MQTTTransport: @unchecked Sendable {
         case .pulse(let channel, let microseconds):
             // µs (Home Assistant's number) to the SERVO_VAL that gives it on
             // this channel, calibration and inversion undone.
-            guard let configuration = channels[Int(channel)], configuration.role != .pwm else {
-                let why = channels[Int(channel)] == nil ? "there is no channel \(channel)" : "channel \(channel) is a PWM channel: use …/pwm/\(channel)/set"
-                refuse("\(topic): \(why)", session: session)
-                return
+            switch PulseRequest.servoValue(microseconds, channel: Int(channel), of: channels, clamp: true) {
+            case .success(let value):
+                hub.receive(FrameEncoder.encode(.servo(channel: channel, value: value)), for: session)
+            case .failure(let refusal):
+                let hint = refusal == .pwmChannel(Int(channel)) ? " (…/pwm/\(channel)/set)" : ""
+                refuse("\(topic): \(refusal)\(hint)", session: session)
             }
-            hub.receive(FrameEncoder.encode(.servo(channel: channel, value: configuration.servoValue(forPulse: Microseconds(microseconds)))), for: session)
         case .invalid(let why):
             refuse("\(topic): \(why)", session: session)
         case .ignored:
