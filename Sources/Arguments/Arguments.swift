@@ -59,14 +59,17 @@ public struct Command {
     public var subcommands: [Command]
     /// The subcommand run when none is named (the daemon's `run`).
     public var defaultSubcommand: String?
+    /// Command lines to copy, shown right after the abstract in `--help`.
+    public var examples: [String]
     public var run: ((Parsed) throws -> Void)?
 
-    public init(_ name: String, abstract: String, discussion: String = "", options: [Option] = [], flags: [Flag] = [],
+    public init(_ name: String, abstract: String, examples: [String] = [], discussion: String = "", options: [Option] = [], flags: [Flag] = [],
                 positionals: [Positional] = [], subcommands: [Command] = [], defaultSubcommand: String? = nil,
                 run: ((Parsed) throws -> Void)? = nil) {
         self.name = name
         self.abstract = abstract
         self.discussion = discussion
+        self.examples = examples
         self.options = options
         self.flags = flags
         self.positionals = positionals
@@ -104,6 +107,9 @@ public struct Parsed {
 /// A malformed command line: printed with a hint, exit status 2.
 public struct UsageError: Error, CustomStringConvertible {
     public var description: String
+    /// The command whose `--help` answers it (`blecontrol status`), set
+    /// where the command line was read.
+    public var commandPath: String?
     public init(_ description: String) { self.description = description }
 }
 
@@ -138,7 +144,7 @@ extension Command {
             try root.dispatch(arguments, path: name, version: version)
             exit(0)
         } catch let error as UsageError {
-            printError("\(name): \(error.description)\n(`\(name) --help` lists the options)")
+            printError("\(name): \(error.description)\n(`\(error.commandPath ?? name) --help` lists its options)")
             exit(2)
         } catch let failure as ExitFailure {
             if !failure.description.isEmpty { printError(failure.description) }
@@ -173,9 +179,15 @@ extension Command {
             print(help(path: path), terminator: "")
             throw ExitFailure.silent(2)
         }
-        var parsed = try parse(arguments)
-        parsed.commandPath = path
-        try run(parsed)
+        do {
+            var parsed = try parse(arguments)
+            parsed.commandPath = path
+            try run(parsed)
+        } catch var error as UsageError {
+            // The help that lists this command's options, not its parent's.
+            if error.commandPath == nil { error.commandPath = path }
+            throw error
+        }
     }
 
     /// The first word naming a subcommand with nothing before it but that
@@ -255,8 +267,33 @@ extension Command {
         return parsed
     }
 
-    /// The `--help` text.
+    /// The `--help` text: what it does and an example first, then the
+    /// arguments and options, then the subcommands. A command with a
+    /// default subcommand (the daemon's `run`) shows that one's arguments
+    /// and options too: they are what its users type.
     public func help(path: String) -> String {
+        var text = "\(abstract)\n"
+        if !examples.isEmpty {
+            text += "\nexample\(examples.count == 1 ? "" : "s"):\n" + examples.map { "  \($0)\n" }.joined()
+        }
+        text += "\n\(usage(path: path))\n"
+        if !discussion.isEmpty { text += "\n" + wrap(discussion, indent: "") + "\n" }
+        text += argumentsAndOptions(heading: "")
+        if let defaultName = defaultSubcommand, let sub = subcommands.first(where: { $0.name == defaultName }) {
+            text += "\n" + wrap("Without a command, as `\(path) \(sub.name)`: \(sub.abstract)", indent: "") + "\n"
+            if !sub.examples.isEmpty { text += "\nexample\(sub.examples.count == 1 ? "" : "s"):\n" + sub.examples.map { "  \($0)\n" }.joined() }
+            text += "\n\(sub.usage(path: path))\n"
+            text += sub.argumentsAndOptions(heading: " (\(sub.name))")
+        }
+        if !subcommands.isEmpty {
+            text += "\ncommands:\n"
+            for sub in subcommands { text += row(sub.name + (sub.name == defaultSubcommand ? " (default)" : ""), sub.abstract) }
+            text += "\n`\(path) <command> --help` shows a command's options.\n"
+        }
+        return text
+    }
+
+    private func usage(path: String) -> String {
         var usage = "usage: \(path)"
         if !subcommands.isEmpty { usage += defaultSubcommand == nil ? " <command>" : " [<command>]" }
         if !options.filter({ !$0.hidden }).isEmpty || !flags.isEmpty { usage += " [options]" }
@@ -264,23 +301,24 @@ extension Command {
             let name = positional.variadic ? "<\(positional.name)>…" : "<\(positional.name)>"
             usage += positional.optional || positional.variadic ? " [\(name)]" : " \(name)"
         }
-        var text = "\(abstract)\n\n\(usage)\n"
-        if !discussion.isEmpty { text += "\n" + wrap(discussion, indent: "") + "\n" }
+        return usage
+    }
+
+    /// The arguments, then the flags (a command's own switches, such as
+    /// `--raw`), then the options (mostly where to send: `--socket`,
+    /// `--ble`, `--mqtt`).
+    private func argumentsAndOptions(heading: String) -> String {
+        var text = ""
         if !positionals.isEmpty {
-            text += "\narguments:\n"
+            text += "\narguments\(heading):\n"
             for positional in positionals { text += row("<\(positional.name)>", positional.help) }
         }
         let visible = options.filter { !$0.hidden }
         if !visible.isEmpty || !flags.isEmpty {
-            text += "\noptions:\n"
-            for option in visible { text += row("--\(option.name) <\(option.value)>", option.help) }
+            text += "\noptions\(heading):\n"
             for flag in flags { text += row("--\(flag.name)", flag.help) }
+            for option in visible { text += row("--\(option.name) <\(option.value)>", option.help) }
             text += row("-h, --help", "Show this help.")
-        }
-        if !subcommands.isEmpty {
-            text += "\ncommands:\n"
-            for sub in subcommands { text += row(sub.name + (sub.name == defaultSubcommand ? " (default)" : ""), sub.abstract) }
-            text += "\n`\(path) <command> --help` shows a command's options.\n"
         }
         return text
     }

@@ -60,6 +60,7 @@ func reportReplies(_ replies: [UInt8], _ arguments: Parsed, command: (name: Stri
 let channelArgument = CLICommand.Positional("channel", help: "Channel 0…255.")
 
 let status = Command("status", abstract: "Show outputs, display, LED, sessions and counters.",
+                     examples: ["blecontrol status", "blecontrol status --json", "blecontrol status --mqtt rc-car@192.168.1.2"],
                      options: [socketOption, mqttOption] + mqttAccessOptions,
                      flags: [CLICommand.Flag("json", help: "One JSON object (snake_case keys), for scripts and tests.")]) { arguments in
     let report = arguments.option("mqtt") != nil ? try mqttStatus(arguments) : try askDaemon(arguments) { try $0.status() }
@@ -72,9 +73,9 @@ let status = Command("status", abstract: "Show outputs, display, LED, sessions a
 
 /// A frame-sending command: its frames come from FrameCommands, and go
 /// through the control socket or, with --ble, over the air.
-func frameCommand(_ name: String, abstract: String, discussion: String = "", positionals: [CLICommand.Positional]) -> CLICommand {
+func frameCommand(_ name: String, abstract: String, discussion: String = "", examples: [String], positionals: [CLICommand.Positional]) -> CLICommand {
     let values = name == "servo" || name == "pwm"
-    return CLICommand(name, abstract: abstract, discussion: discussion, options: deliveryOptions, flags: deliveryFlags + (values ? [rawFlag] : []),
+    return CLICommand(name, abstract: abstract, examples: examples, discussion: discussion, options: deliveryOptions, flags: (values ? [rawFlag] : []) + deliveryFlags,
                       positionals: positionals) { arguments in
         try deliver(try FrameCommands.outgoing(name, arguments.positionals, raw: values && arguments.flag("raw")), arguments,
                     command: (name, arguments.positionals))
@@ -83,24 +84,33 @@ func frameCommand(_ name: String, abstract: String, discussion: String = "", pos
 
 let onOffArgument = CLICommand.Positional("state", help: "on or off (1/0, true/false).")
 let frameCommands = [
-    frameCommand("servo", abstract: "SERVO_VAL: pulse of 1000 + VALUE µs on channel CH, e.g. `blecontrol servo 0 500` (1500 µs, the centre).",
+    frameCommand("servo", abstract: "SERVO_VAL: a pulse of 1000 + VALUE µs on channel CH (500: 1500 µs, the centre).",
+                 examples: ["blecontrol servo 0 500                    # 1500 µs, the centre", "blecontrol servo 0 500 --ble BLEControl   # over the air"],
                  positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000: 1000…2000 µs, clamped to the channel's calibration (--raw: any 16-bit value).")]),
-    frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH, e.g. `blecontrol pwm 4 250` (25 %).",
+    frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH (250: 25 %).",
+                 examples: ["blecontrol pwm 4 250                      # 25 %"],
                  positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000 (per mille; --raw: any 16-bit value, negatives as the app's Int16).")]),
-    frameCommand("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", positionals: [channelArgument, onOffArgument]),
-    frameCommand("switch", abstract: "SWITCH_VAL: a digital output on or off.", positionals: [CLICommand.Positional("switch", help: "Switch 0…255."), onOffArgument]),
+    frameCommand("enable", abstract: "ANALOG_OUT_EN: start or stop a channel's output.", examples: ["blecontrol enable 0 on"],
+                 positionals: [channelArgument, onOffArgument]),
+    frameCommand("switch", abstract: "SWITCH_VAL: a digital output on or off.", examples: ["blecontrol switch 1 on"],
+                 positionals: [CLICommand.Positional("switch", help: "Switch 0…255."), onOffArgument]),
     frameCommand("lcd", abstract: "LCD_TEXT: show TEXT on LINE.",
+                 examples: ["blecontrol lcd 0 'Hello'"],
                  positionals: [CLICommand.Positional("line", help: "Line 0…255 (0 is the top line)."),
                                CLICommand.Positional("text", help: "Text (UTF-8; cut at the display width by the board).")]),
-    frameCommand("clear", abstract: "LCD_CLEAR: blank the display.", positionals: []),
-    frameCommand("init", abstract: "INIT: the handshake a central sends after connecting.", positionals: []),
+    frameCommand("clear", abstract: "LCD_CLEAR: blank the display.", examples: ["blecontrol clear"],
+                 positionals: []),
+    frameCommand("init", abstract: "INIT: the handshake a central sends after connecting.", examples: ["blecontrol init"],
+                 positionals: []),
     frameCommand("send", abstract: "Send raw bytes, e.g. `send 02 03 00 01 f4` or `send 020300:01f4`.",
                  discussion: "The bytes must end on a frame boundary: a trailing incomplete frame is refused (exit status 1) and nothing is sent.",
+                 examples: ["blecontrol send 02 03 00 01 f4            # SERVO_VAL 500 on channel 0"],
                  positionals: [CLICommand.Positional("hex", help: "Hex bytes; spaces, colons and 0x prefixes are ignored.", variadic: true)]),
 ]
 
 let pulse = CLICommand(
-    "pulse", abstract: "A servo or ESC channel's pulse in µs, within its calibration, e.g. `blecontrol pulse 0 1500`.",
+    "pulse", abstract: "A servo or ESC channel's pulse in µs, within its calibration.",
+    examples: ["blecontrol pulse 0 1500", "blecontrol pulse 0 1750 --mqtt rc-car@192.168.1.2"],
     discussion: "The board turns the width into the SERVO_VAL that gives it with the channel's calibration (min_us, center_us, max_us, invert), as Home Assistant's pulse number does, and refuses a width outside min_us…max_us with the range: to find a servo's end stops, widen them in the board file and reload (docs/calibration.md). Through the control socket or --mqtt (…/pulse/N/set); over the air a central has no calibration to read, so --ble is refused.",
     options: deliveryOptions, flags: deliveryFlags,
     positionals: [channelArgument, CLICommand.Positional("microseconds", help: "The pulse width in µs, e.g. 1500 (a unit suffix us or µs is allowed).")]
@@ -128,6 +138,7 @@ let pulse = CLICommand(
 }
 
 let watch = Command("watch", abstract: "A live view of the LCD text and every channel's pulse (Ctrl-C ends).",
+                    examples: ["blecontrol watch", "blecontrol watch --interval 1000"],
                     options: [socketOption,
                               CLICommand.Option("interval", value: "MS", help: "Refresh interval in milliseconds (default 200)."),
                               CLICommand.Option("count", value: "N", help: "Stop after this many refreshes (default 0: run until interrupted).")]) { arguments in
@@ -153,7 +164,8 @@ let watch = Command("watch", abstract: "A live view of the LCD text and every ch
     }
 }
 
-let failsafe = Command("failsafe", abstract: "End the board's failsafe on purpose, as the operator at the board: `blecontrol failsafe clear`.",
+let failsafe = Command("failsafe", abstract: "End the board's failsafe on purpose, as the operator at the board.",
+                       examples: ["sudo blecontrol failsafe clear"],
                        discussion: "Root or the daemon's own user (the simulator's owner) only; the daemon logs who did it. The outputs stay where the failsafe put them (a servo holding, an ESC stopped and latched) until a command moves them, exactly as when a central ends it: an ESC needs `blecontrol enable CH on` and a new value. A central ends a failsafe by commanding an output the central that left had commanded (docs/protocol.md, \"Failsafe\").",
                        options: [socketOption],
                        positionals: [CLICommand.Positional("action", help: "clear")]) { arguments in
@@ -165,6 +177,7 @@ let failsafe = Command("failsafe", abstract: "End the board's failsafe on purpos
 }
 
 let forgetBonds = Command("forget-bonds", abstract: "Forget every phone bonded with the board (ble.security: encrypted or authenticated); each must pair again.",
+                          examples: ["sudo blecontrol forget-bonds"],
                           discussion: "Root only (or the daemon's own user): the daemon refuses anyone else. It asks bluetoothd to remove each bonded device of the board's adapter (its keys go; a connected one is disconnected) and prints the addresses forgotten. On the phone, forget the board too (iOS: Settings → Bluetooth → the board → Forget This Device), or it keeps trying its old keys.",
                           options: [socketOption]) { arguments in
     let forgotten = try askDaemon(arguments) { try $0.forgetBonds() }

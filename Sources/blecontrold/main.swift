@@ -51,6 +51,7 @@ let recordOption = Command.Option("record", value: "FILE",
 let safeOutputs = Command(
     "safe-outputs",
     abstract: "Switch every PCA9685 output off with one write, and servo.output_enable to disabled, and exit (for ExecStopPost=).",
+    examples: ["blecontrold safe-outputs --record /var/lib/blecontrol/driven-outputs --board /etc/blecontrol/board.yaml"],
     discussion: """
     After a crash (kill -9, a fault, the watchdog) the chip keeps producing the last pulses; systemd runs this afterwards. \
     What it switches off comes first from --record, the chips and line the daemon recorded when it started (a reload cannot \
@@ -109,6 +110,9 @@ let safeOutputs = Command(
 let run = Command(
     "run",
     abstract: "BLEControl board firmware: drives servos, ESCs, PWM outputs, a character LCD and a status LED from BLEControl frames.",
+    examples: ["blecontrold                                   # the simulator board",
+               "blecontrold --board /etc/blecontrol/board.yaml",
+               "blecontrold --board my-board.yaml --check-board"],
     discussion: """
     With no --board, runs the built-in simulator board (emulated PCA9685, 16×2 LCD and LED; TCP on 127.0.0.1:7171). \
     SIGTERM and SIGINT (and every other signal that would end the process) switch every output off and exit; \

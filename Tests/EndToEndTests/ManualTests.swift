@@ -35,4 +35,25 @@ struct ManualTests {
         #expect(result.status == 1)
         #expect(result.stderr.contains("/nonexistent/control.sock"))
     }
+
+    @Test("Help that answers: blecontrold --help shows run's options, a bad option names its own command's help, examples come first")
+    func helpThatAnswers() throws {
+        let daemonHelp = try run(Executables.daemon, ["--help"])
+        #expect(daemonHelp.status == 0)
+        #expect(daemonHelp.stdout.contains("--board <FILE>") && daemonHelp.stdout.contains("--check-board"), "\(daemonHelp.stdout)")
+        let misspelt = try run(Executables.daemon, ["--bord", "x.yaml"])
+        #expect(misspelt.status == 2 && misspelt.stderr.contains("unknown option --bord"), "\(misspelt.stderr)")
+        #expect(misspelt.stderr.contains("`blecontrold --help`"), "run's options are in blecontrold --help: \(misspelt.stderr)")
+        let status = try run(Executables.cli, ["status", "--jsn"])
+        #expect(status.status == 2 && status.stderr.contains("`blecontrol status --help`"), "\(status.stderr)")
+        let servo = try run(Executables.cli, ["servo", "0", "--bogus", "1"])
+        #expect(servo.stderr.contains("`blecontrol servo --help`"), "\(servo.stderr)")
+        // What it does, an example, then the arguments; --raw before the
+        // transport options.
+        let servoHelp = try run(Executables.cli, ["servo", "--help"]).stdout
+        let order = ["SERVO_VAL", "blecontrol servo 0 500", "usage:", "<value>", "  --raw", "  --socket <", "  --ble <", "  --mqtt <"]
+        let positions = order.map { servoHelp.range(of: $0)?.lowerBound }
+        #expect(!positions.contains(nil), "\(servoHelp)")
+        #expect(positions.compactMap { $0 } == positions.compactMap { $0 }.sorted(), "in the order \(order): \(servoHelp)")
+    }
 }
