@@ -3,8 +3,15 @@ import PackageDescription
 
 // Lower bounds are loose on purpose: Swift 6.0.3 (Debian/Raspberry Pi OS
 // trixie) must be able to pick releases it builds; newer toolchains pick newer.
+// swift-log's LogEvent (1.12, whose manifest needs tools 6.1) is what the
+// daemon's log handler implements from 6.1 on (JournalLogHandler).
+#if compiler(>=6.1)
+let swiftLogMinimum: Version = "1.12.0"
+#else
+let swiftLogMinimum: Version = "1.5.0"
+#endif
 var packageDependencies: [Package.Dependency] = [
-    .package(url: "https://github.com/apple/swift-log", from: "1.5.0"),
+    .package(url: "https://github.com/apple/swift-log", from: swiftLogMinimum),
     .package(url: "https://github.com/apple/swift-system", from: "1.3.0"),
 ]
 var protocolTestDependencies: [Target.Dependency] = ["BLEControlProtocol", "TestSupport"]

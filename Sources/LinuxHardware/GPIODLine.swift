@@ -334,8 +334,7 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
             blc_gpio_line_consumer(chipPath, offset, buffer.baseAddress!, buffer.count)
         }
         guard result == 0 else { return nil }
-        let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
-        return String(decoding: bytes, as: UTF8.self)
+        return String(nulTerminated: buffer)
     }
 }
 
@@ -367,7 +366,7 @@ public struct SystemGPIOChips: GPIOChipCatalog {
         var buffer = [CChar](repeating: 0, count: 64)
         let result = buffer.withUnsafeMutableBufferPointer { blc_gpio_chip_label(chip, $0.baseAddress!, $0.count) }
         if result < 0 { throw GPIODLine.chipError(-result, chipPath: chip) }
-        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return String(nulTerminated: buffer)
     }
 
     public func offset(of name: String, on chip: String) throws(GPIODLine.OpenError) -> Int? {

@@ -4,6 +4,7 @@ import Glibc
 import Musl
 #endif
 import CReactor
+import Reactor
 
 /// A UART (or any tty: a USB serial adapter, a pseudo-terminal) opened raw,
 /// 8 data bits, no parity, 1 stop bit, no flow control: what an HM-10
@@ -86,7 +87,7 @@ public struct PseudoTerminal: Sendable {
             throw SerialPort.OpenError(description: "no pseudo-terminal: \(String(cString: strerror(errno)))")
         }
         master = fd
-        slavePath = String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        slavePath = String(nulTerminated: name)
         slaveHold = Glibc.open(slavePath, O_RDWR | O_NOCTTY | O_CLOEXEC)
         var attributes = termios()
         guard slaveHold >= 0, tcgetattr(slaveHold, &attributes) == 0 else {

@@ -94,7 +94,7 @@ public final class MQTTClient: @unchecked Sendable {
                 maximumPacketSize: UInt32? = nil) throws(MQTTError) {
         var error = [CChar](repeating: 0, count: 256)
         guard let api = bc_mosquitto_load(&error, error.count) else {
-            throw MQTTError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw MQTTError(String(nulTerminated: error))
         }
         guard let client = api.pointee.new_(endpoint.clientID, cleanSession, nil) else { throw MQTTError("mosquitto_new failed (out of memory)") }
         self.loop = loop

@@ -1,6 +1,12 @@
 /// The few text helpers the daemon and its tools need where Foundation
 /// would otherwise be imported for one call.
 extension String {
+    /// The text a C function wrote into `buffer`, up to its first NUL (or
+    /// the whole buffer without one), as UTF-8 with invalid bytes replaced.
+    public init(nulTerminated buffer: [CChar]) {
+        self.init(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// The string without leading and trailing spaces, tabs and newlines.
     public var trimmed: String {
         let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "\r" }

@@ -43,7 +43,7 @@ final class DaemonProcess {
             process.environment = ProcessInfo.processInfo.environment.merging(environment(directory)) { $1 }
         }
         process.standardOutput = FileHandle.nullDevice
-        FileManager.default.createFile(atPath: directory + "/daemon.log", contents: nil)
+        _ = FileManager.default.createFile(atPath: directory + "/daemon.log", contents: nil)
         process.standardError = FileHandle(forWritingAtPath: directory + "/daemon.log") ?? FileHandle.nullDevice
         try process.run()
         let deadline = ContinuousClock.now + .seconds(30)

@@ -118,7 +118,7 @@ struct WebHosts: Equatable {
         var result: [String] = []
         var buffer = [CChar](repeating: 0, count: 256)
         if gethostname(&buffer, buffer.count - 1) == 0 {
-            let name = String(cString: buffer)
+            let name = String(nulTerminated: buffer)
             if !name.isEmpty { result += [name, name + ".local"] }
         }
         var list: UnsafeMutablePointer<ifaddrs>?
@@ -134,7 +134,7 @@ struct WebHosts: Equatable {
             let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
             if getnameinfo(address, length, &text, socklen_t(text.count), nil, 0, NI_NUMERICHOST) == 0 {
                 // A link-local IPv6 address carries its zone ("fe80::1%eth0").
-                result.append(String(String(cString: text).split(separator: "%").first ?? ""))
+                result.append(String(String(nulTerminated: text).split(separator: "%").first ?? ""))
             }
         }
         return result

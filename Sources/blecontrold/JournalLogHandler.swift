@@ -39,7 +39,19 @@ struct JournalLogHandler: LogHandler {
     /// One for the process: lines per place in the code, per minute.
     static let limiter = LogLimiter(burst: 20, window: .seconds(60))
 
+    // swift-log 1.12 made log(event:) the requirement (the older method is
+    // deprecated); Swift 6.0.3 resolves releases before it (Package.swift).
+    #if compiler(>=6.1)
+    func log(event: LogEvent) {
+        emit(level: event.level, message: event.message, metadata: event.metadata, file: event.file, line: event.line)
+    }
+    #else
     func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
+        emit(level: level, message: message, metadata: metadata, file: file, line: line)
+    }
+    #endif
+
+    private func emit(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, file: String, line: UInt) {
         guard case .log(let heldBack) = Self.limiter.admit("\(file):\(line)") else { return }
         let prefix = toJournal ? "<\(Self.priority(level))>" : "\(Self.timestamp()) \(level) "
         var body = "\(message)"

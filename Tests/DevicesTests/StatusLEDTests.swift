@@ -21,9 +21,13 @@ private struct MemoryLogHandler: LogHandler {
         get { metadata[key] }
         set { metadata[key] = newValue }
     }
+    #if compiler(>=6.1)
+    func log(event: LogEvent) { box.append(event.level, event.message.description) }
+    #else
     func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
         box.append(level, message.description)
     }
+    #endif
 }
 
 private func makeLED() -> (StatusLED, EmulatedDigitalOutput, LogBox) {

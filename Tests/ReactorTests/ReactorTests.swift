@@ -64,7 +64,7 @@ struct ReactorTests {
         #expect(!loop.inLoop)
         #expect(try loop.submitAndWait { loop.inLoop })
         let fired = Promise<Bool>()
-        try loop.submitAndWait {
+        _ = try loop.submitAndWait {
             loop.schedule(after: .milliseconds(5)) { fired.fulfil(loop.inLoop) }
         }
         #expect(fired.wait())
