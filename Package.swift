@@ -135,7 +135,7 @@ let package = Package(
             "BLEControlProtocol", "Board", "Firmware", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "MQTT", "Reactor", "TestSupport", "CAllocationCounter",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies),
+        .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies, exclude: ["Fixtures"]),
         .testTarget(name: "DeviceEmulatorsTests", dependencies: ["DeviceEmulators", "Hardware"]),
         .testTarget(name: "DevicesTests", dependencies: [
             "Devices", "DeviceEmulators", "Hardware",

@@ -17,11 +17,14 @@ Usage: bench.py NAME CONTROL_SOCKET LABEL. Prints one JSON row per figure.
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
+from pathlib import Path
 
 from bleak import BleakClient, BleakScanner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+from rig.board import ControlSocket, percentile  # noqa: E402 - scripts/lib: the rigs' one board client
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -30,23 +33,9 @@ CHANNEL = 2
 SAMPLES = int(os.environ.get("BLE_BENCH_SAMPLES", "200"))
 
 
-class Poll:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.buffer = b""
-
+class Poll(ControlSocket):
     def __call__(self):
-        self.sock.sendall(b'{"op":"poll"}\n')
-        while b"\n" not in self.buffer:
-            self.buffer += self.sock.recv(65536)
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)["poll"]
-
-
-def percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else float("nan")
+        return self.poll()
 
 
 async def find(name, timeout=20.0):

@@ -10,14 +10,17 @@ BLECONTROL_SOCKET, BLE_NAME, BLE_CENTRAL_ADAPTER (default hci1) and, for
 the two-centrals phase, BLE_OBSERVER_ADAPTER (default hci2).
 """
 import asyncio
-import json
 import os
 import socket
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bleak import BleakClient, BleakScanner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+import rig.board as board  # noqa: E402 - scripts/lib: the rigs' one board client
+from rig.board import ble_sessions, channel, cli_status  # noqa: E402
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -36,39 +39,12 @@ def check(ok, what, detail=""):
 
 
 def status():
-    out = subprocess.run(
-        [os.environ["BLECONTROL_BIN"], "status", "--json"],
-        capture_output=True, text=True, timeout=120,  # a guard against a hang only
-    )
-    if out.returncode != 0:
-        raise RuntimeError("blecontrol status failed: " + out.stderr)
-    return json.loads(out.stdout)
-
-
-def channel(report, number):
-    for entry in report.get("channels", []):
-        if entry.get("channel") == number:
-            return entry
-    return {}
-
-
-def ble_sessions(report):
-    return [s for s in report.get("sessions", []) if s.get("transport") == "ble"]
+    return cli_status(os.environ["BLECONTROL_BIN"])
 
 
 async def wait_for(predicate, tries=1200):
-    """Polls `predicate` until it gives something true: at most `tries`
-    times, 0.1 s apart (two minutes and more). Bounded by tries, not a
-    clock: a busy machine stretches the wait, only a missing outcome fails."""
-    for _ in range(tries):
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception:
-            pass
-        await asyncio.sleep(0.1)
-    return predicate()
+    """rig.board.wait_for: 0.1 s apart, two minutes and more."""
+    return await board.wait_for(predicate, tries=tries)
 
 
 async def find(timeout=120.0, adapter=ADAPTER):

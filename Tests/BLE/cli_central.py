@@ -17,7 +17,6 @@ machine may let a scan window pass without a report).
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib, beside this repository's tests
+from rig.board import ControlSocket, percentile  # noqa: E402,F401 - percentile: flood.py takes it from here
 
 CLI = os.environ["BLECONTROL_BIN"]
 ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
@@ -44,24 +44,15 @@ def figure(text):
     print("FIGURE: " + text, flush=True)
 
 
-class Control:
-    """The board's control socket: status and the cheap poll."""
+class Control(ControlSocket):
+    """The board's control socket (rig.board), with a bounded wait."""
 
     def __init__(self, path):
+        super().__init__(path)
         self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.buffer = b""
 
     def request(self, op):
-        self.sock.sendall(json.dumps({"op": op}).encode() + b"\n")
-        while b"\n" not in self.buffer:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("control socket closed")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)[op]
+        return super().request(op)[op]
 
     def until(self, what, condition, tries=6000, cli=None):
         """Polls status until `condition(status)`, at most `tries` times
@@ -78,11 +69,6 @@ class Control:
             rig.progress()
             time.sleep(0.02)
         raise RuntimeError(f"{what}: not seen; status {json.dumps(status)[:400]}")
-
-
-def percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else float("nan")
 
 
 def scan(name, address, control):

@@ -49,24 +49,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
+from rig.board import percentile, servo_frame  # noqa: E402
 
 N_BURST = int(os.environ.get("BLE_BENCH_FRAMES", "300"))
 N_REQUEST = int(os.environ.get("BLE_BENCH_REQUESTS", "60"))
 N_LATENCY = int(os.environ.get("BLE_BENCH_SAMPLES", "40"))
 BURST_CHUNK = int(os.environ.get("BLE_BENCH_CHUNK", "100"))
 BENCH_CHANNEL = 2  # a servo channel of the simulator board (hold on failsafe)
-
-
-def percentile(values, q):
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))
-    return ordered[index]
-
-
-def servo_frame(channel, value):
-    return bytes([0x02, 0x03, channel, value >> 8, value & 0xFF])
 
 
 def pulse_for(value):

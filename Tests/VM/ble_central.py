@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
+import rig.board  # noqa: E402
+from rig.board import ble_sessions, ble_state, channel  # noqa: E402,F401 - the rigs' one copy; phone_links reads them here
 
 started = time.monotonic()
 from bumble import core as bumble_core  # noqa: E402
@@ -84,54 +86,13 @@ def status_cli():
     return json.loads(out.stdout)
 
 
-class ControlSocket:
-    """The daemon's control socket spoken directly (one JSON line each way):
-    a status poll without starting a process, for the benchmark's latency."""
+class ControlSocket(rig.board.ControlSocket):
+    """The daemon's control socket (rig.board), this guest's by default: a
+    status poll without starting a process, for the benchmark's latency."""
 
     def __init__(self, path=None):
-        path = path or SOCKET
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.buffer = b""
+        super().__init__(path or SOCKET)
 
-    def request(self, op, key):
-        self.sock.sendall(b'{"op":"%s"}\n' % op.encode())
-        while b"\n" not in self.buffer:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("control socket closed")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise RuntimeError(reply.get("error"))
-        return reply[key]
-
-    def status(self):
-        return self.request("status", "status")
-
-    def poll(self):
-        """The cheap snapshot: frames and every configured channel's pulse,
-        in channel order (what a latency sample needs, without a status)."""
-        return self.request("poll", "poll")
-
-    def close(self):
-        self.sock.close()
-
-
-def channel(report, number):
-    for entry in report.get("channels", []):
-        if entry.get("channel") == number:
-            return entry
-    return {}
-
-
-def ble_sessions(report):
-    return [s for s in report.get("sessions", []) if s.get("transport") == "ble"]
-
-
-def ble_state(report):
-    return report.get("transports", {}).get("ble", "")
 
 
 async def wait_for(predicate, interval=0.1, patience=120.0):
@@ -141,16 +102,7 @@ async def wait_for(predicate, interval=0.1, patience=120.0):
     and only an outcome that never comes fails a check. Each try marks
     progress (rig.progress), so the VM's quiet guard lets a slow wait reach
     its FAIL line rather than ending the guest first."""
-    for _ in range(int(patience / interval) + 1):
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception:
-            pass
-        rig.progress()
-        await asyncio.sleep(interval)
-    return None
+    return await rig.board.wait_for(predicate, tries=int(patience / interval), interval=interval, each_try=rig.progress)
 
 
 def ad_fields(advertisement):

@@ -25,17 +25,14 @@ import time
 from bumble import hci
 from bumble.core import UUID
 from bumble.pairing import PairingConfig, PairingDelegate
+from rig.board import enable_frame, servo_frame  # scripts/lib, on the path ble_central.py set
 
 CONNECTION_TIMEOUT = 0x08  # HCI error code: Connection Timeout (Core 5.3 Vol 1 Part F 1.3)
 DATABASE_HASH = UUID.from_16_bits(0x2B2A)
 
 
 def enable_frames():
-    return bytes([0x01, 0x02, 0x00, 0x01])
-
-
-def servo_frame(channel, value):
-    return bytes([0x02, 0x03, channel, value >> 8, value & 0xFF])
+    return enable_frame(0)
 
 
 def pulse(central, number):

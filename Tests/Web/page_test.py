@@ -29,7 +29,6 @@ import base64
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +36,8 @@ import urllib.parse
 import http.server
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "lib"))
+from rig.board import ble_sessions, channel, cli_status  # noqa: E402 - the rigs' one board client
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 from cdp import Chromium  # noqa: E402
 
@@ -61,15 +62,7 @@ def check(ok, what, detail=""):
 # ------------------------------------------------------------------ board
 
 def status():
-    # The timeout only ends a hang.
-    out = subprocess.run([os.environ["BLECONTROL_BIN"], "status", "--json"], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        raise RuntimeError("blecontrol status failed: " + out.stderr)
-    return json.loads(out.stdout)
-
-
-def channel(report, number):
-    return next((c for c in report.get("channels", []) if c.get("channel") == number), {})
+    return cli_status(os.environ["BLECONTROL_BIN"])
 
 
 # Every wait polls at most this many times, 0.1 s apart (two minutes and
@@ -94,10 +87,6 @@ def wait_status(predicate, tries=TRIES):
 def near(value, target, step=5.0):
     # PCA9685 counts at 50 Hz are 4.9 µs apart.
     return value is not None and abs(value - target) < step
-
-
-def ble_sessions(report):
-    return [s for s in report.get("sessions", []) if s.get("transport") == "ble"]
 
 
 # ------------------------------------------------------------------- page
