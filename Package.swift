@@ -100,7 +100,7 @@ let package = Package(
         ]),
         .target(name: "DeviceEmulators", dependencies: ["Hardware", "Reactor"]),
         // Board files: the YAML subset, the schema, the validated configuration.
-        .target(name: "Board", dependencies: ["BlueZ", "Devices", "Hardware", "Reactor"]),
+        .target(name: "Board", dependencies: ["Devices", "Hardware", "Reactor"]),
         .target(name: "Firmware", dependencies: [
             "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "MQTT",
             .product(name: "Logging", package: "swift-log"),
@@ -145,7 +145,7 @@ let package = Package(
             "Firmware", "Board", "Control", "CReactor", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
-        .testTarget(name: "BoardTests", dependencies: ["Board", "BlueZ", "Devices", "Hardware", "TestSupport"]),
+        .testTarget(name: "BoardTests", dependencies: ["Board", "Devices", "Hardware", "TestSupport"]),
         .testTarget(name: "ReactorTests", dependencies: ["Reactor", "TestSupport"]),
         .testTarget(name: "ControlTests", dependencies: ["Control"]),
         .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "CDBus", "Reactor", "TestSupport"]),

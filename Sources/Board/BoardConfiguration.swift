@@ -1,4 +1,3 @@
-import BlueZ
 import Devices
 import Hardware
 
@@ -252,7 +251,17 @@ public enum LEDConfiguration: Sendable, Equatable {
 
 /// BLE peripheral settings (the BLE transport through BlueZ, issue #4).
 public struct BLEConfiguration: Sendable, Equatable {
-    public typealias Security = BLESecurity
+    /// `ble.security`: who may write. The board file's words; the BLE
+    /// transport turns them into BlueZ's (`BLESecurity`, with the pairing
+    /// agent each needs), so parsing a board file needs no D-Bus.
+    public enum Security: String, Sendable, CaseIterable {
+        /// Anyone may write, as the original HM-10 board.
+        case open
+        /// Writes need an encrypted link.
+        case encrypted
+        /// Writes need an authenticated (MITM-protected) encrypted link.
+        case authenticated
+    }
 
     public var enabled: Bool
     public var name: String

@@ -3,7 +3,6 @@ import Hardware
 import TestSupport
 import Testing
 @testable import Board
-import BlueZ
 import Devices
 
 /// The repository root, for the board files under board/.

@@ -50,7 +50,7 @@ public final class BLETransport: @unchecked Sendable {
     /// bus or no BlueZ is a state shown in status, and is retried.
     public func start(configuration: BLEConfiguration, boardName: String, version: String) throws {
         let peripheralConfiguration = BLEPeripheral.Configuration(
-            name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: configuration.security,
+            name: configuration.name, adapter: configuration.adapter, powerOn: configuration.powerOn, security: BLESecurity(configuration.security),
             allow: configuration.allow, manufacturer: "BLEControl", model: boardName, firmwareRevision: version,
             acquireWrite: configuration.acquireWrite, writeWithoutResponse: !configuration.acknowledgedWrites,
             setAlias: configuration.setAlias
@@ -171,5 +171,17 @@ public final class BLETransport: @unchecked Sendable {
     private func closeSession(_ central: String) {
         guard let session = sessions.removeValue(forKey: central) else { return }
         hub.close(session)
+    }
+}
+
+extension BLESecurity {
+    /// The board file's `ble.security` in BlueZ's terms (the same three
+    /// levels).
+    init(_ security: BLEConfiguration.Security) {
+        switch security {
+        case .open: self = .open
+        case .encrypted: self = .encrypted
+        case .authenticated: self = .authenticated
+        }
     }
 }
