@@ -132,12 +132,6 @@ public final class DBusConnection: @unchecked Sendable {
         }
     }
 
-    /// True until the bus goes away or ``close()``.
-    public var isConnected: Bool {
-        guard let raw else { return false }
-        return dbus_connection_get_is_connected(raw) != 0
-    }
-
     /// Runs `work` on the loop (at once when already there).
     public func execute(_ work: @escaping @Sendable () -> Void) {
         if loop.inLoop { work() } else { loop.execute(work) }

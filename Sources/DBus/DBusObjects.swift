@@ -144,17 +144,6 @@ extension DBusConnection {
         }
     }
 
-    /// Removes an object (InterfacesRemoved under an object manager).
-    public func unexport(path: String) {
-        sync { [self] in
-            guard let removed = objects.removeValue(forKey: path) else { return }
-            for manager in managers(of: path) {
-                emitSignal(path: manager, interface: "org.freedesktop.DBus.ObjectManager", member: "InterfacesRemoved",
-                           arguments: [.objectPath(path), .strings(removed.map(\.name))])
-            }
-        }
-    }
-
     /// Makes `path` an `org.freedesktop.DBus.ObjectManager` for every object below it.
     public func exportObjectManager(at path: String) {
         precondition(DBusNames.isValidPath(path), "invalid object path \(path)")

@@ -167,9 +167,6 @@ public final class GPIODLine: DigitalOutput, @unchecked Sendable {
         }
     }
 
-    /// Whether the line is still held.
-    public var isOpen: Bool { lock.withLock { handle != nil } }
-
     /// The libgpiod version linked at run time, e.g. "1.6.3".
     public static var libraryVersion: String { String(cString: blc_gpio_library_version()) }
 

@@ -127,13 +127,6 @@ public final class LinuxI2CBus: I2CBus, @unchecked Sendable {
 
     // MARK: SMBus write style
 
-    /// The SMBus write style per address; addresses not listed use
-    /// ``SMBusWriteStyle/registerBlock``. Only consulted when ``usesSMBus``.
-    public var smbusWriteStyles: [I2CAddress: SMBusWriteStyle] {
-        get { lock.withLock { styles } }
-        set { lock.withLock { styles = newValue } }
-    }
-
     /// Sets how writes to `address` are expressed in SMBus commands (e.g.
     /// ``SMBusWriteStyle/byteStream`` for a PCF8574 LCD backpack).
     public func setSMBusWriteStyle(_ style: SMBusWriteStyle, for address: I2CAddress) {

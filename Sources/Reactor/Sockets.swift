@@ -146,12 +146,6 @@ public enum Sockets {
         return credentials.1
     }
 
-    /// O_NONBLOCK and FD_CLOEXEC on a descriptor made by something else.
-    public static func makeNonBlockingCloseOnExec(_ fd: Int32) {
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        _ = fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC)
-    }
-
     /// What accepting one connection gave.
     public enum Accepted {
         case connection(FileDescriptor, peer: String)

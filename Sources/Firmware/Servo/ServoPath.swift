@@ -182,11 +182,6 @@ public final class ServoPath: @unchecked Sendable {
     /// The frequency the first chip produces (all chips share the board's).
     public var actualFrequency: Hertz { drivers[0].actualFrequency }
 
-    /// True when `channel` is configured on this board.
-    public func isConfigured(_ channel: Int) -> Bool {
-        condition.withLock { engine.state(channel) != nil }
-    }
-
     /// Starts the servo thread, which initialises the chips (every output
     /// off first) before it applies anything.
     public func start() {

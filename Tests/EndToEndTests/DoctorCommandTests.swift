@@ -48,8 +48,8 @@ private func level(of line: String) -> String {
     String(line.trimmingCharacters(in: .whitespaces).prefix { $0 != " " })
 }
 
-@Suite("blecontrol doctor", .serialized)
-struct DoctorTests {
+@Suite("blecontrol doctor, the command against a daemon", .serialized)
+struct DoctorCommandTests {
     @Test("On the simulator board with the daemon running: emulated hardware, the daemon's status, exit 0")
     func simulator() throws {
         let daemon = try SimulatorDaemon()
