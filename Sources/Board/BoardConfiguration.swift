@@ -90,6 +90,25 @@ public enum ChannelRole: String, Sendable, Equatable, CaseIterable, CustomString
     public var description: String { rawValue }
 }
 
+/// How fast a channel's pulse may change (`speed_us_per_s`,
+/// `accel_us_per_s2`): the servo thread moves it there once per PWM period
+/// along a profile within these limits. An ESC's throttle ramp is the same
+/// slew limit. Either may be absent; both absent, the pulse jumps.
+public struct MotionLimits: Sendable, Equatable {
+    /// µs per second; nil: no limit.
+    public var speed: Double?
+    /// µs per second²; nil: no limit (the speed changes at once).
+    public var acceleration: Double?
+
+    public init(speed: Double? = nil, acceleration: Double? = nil) {
+        self.speed = speed
+        self.acceleration = acceleration
+    }
+
+    /// No limit at all: every value is written as it comes.
+    public var isUnlimited: Bool { speed == nil && acceleration == nil }
+}
+
 /// One protocol channel and the PCA9685 output it drives.
 public struct ChannelConfiguration: Sendable, Equatable {
     /// The channel number centrals use (docs/protocol.md `ch`).
@@ -111,9 +130,13 @@ public struct ChannelConfiguration: Sendable, Equatable {
     /// What the user calls it ("steering", "throttle"): shown by Home
     /// Assistant, `blecontrol status` and `watch`; nil: "Servo N" and the like.
     public var name: String?
+    /// How fast its pulse may move (servo and ESC channels); none: it
+    /// jumps to each new value, as the original board's did.
+    public var motion: MotionLimits
 
     public init(channel: Int, output: Int, role: ChannelRole, minimum: Microseconds, center: Microseconds, maximum: Microseconds,
-                invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0, name: String? = nil) {
+                invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0, name: String? = nil,
+                motion: MotionLimits = MotionLimits()) {
         self.channel = channel
         self.output = output
         self.role = role
@@ -125,6 +148,7 @@ public struct ChannelConfiguration: Sendable, Equatable {
         self.failsafeDwell = failsafeDwell
         self.chip = chip
         self.name = name
+        self.motion = motion
     }
 
     /// Its name, or what it is called without one: "Servo 0", "ESC 4", "PWM 5".

@@ -307,7 +307,7 @@ extension BoardReader {
             let field = "servo.channels[\(index)]"
             guard let fields = mapping(item, field, allowed: [
                 "channel", "output", "role", "min_us", "center_us", "max_us", "invert",
-                "failsafe", "failsafe_us", "failsafe_dwell_ms", "name",
+                "failsafe", "failsafe_us", "failsafe_dwell_ms", "name", "speed_us_per_s", "accel_us_per_s2",
             ]) else { continue }
             // docs/protocol.md: a channel is one byte.
             let channel = integer(fields, "channel", in: 0...255, required: true)
@@ -331,6 +331,14 @@ extension BoardReader {
             let invert = bool(fields, "invert", default: false)
             let failsafe = failsafeAction(fields, field: field, role: role, range: (minimum ?? 0)...(max(maximum ?? 0, minimum ?? 0)))
             let dwell = integer(fields, "failsafe_dwell_ms", in: 0...10_000, default: 500)
+            // Motion limits: a servo's or an ESC's pulse moves at most this
+            // fast (µs/s) and speeds up and slows down at most this hard
+            // (µs/s²); absent, it jumps as the original board did.
+            let speed = number(fields, "speed_us_per_s", in: 1...1_000_000, default: nil)
+            let acceleration = number(fields, "accel_us_per_s2", in: 1...100_000_000, default: nil)
+            for key in ["speed_us_per_s", "accel_us_per_s2"] where role == .pwm && fields.entries[key] != nil {
+                fail(fields.entries[key], "\(field).\(key)", "applies to servo and esc channels (a pwm channel has no pulse to move)")
+            }
             if let channel {
                 if let line = channelLines[channel] { fail(fields.entries["channel"], "\(field).channel", "channel \(channel) is already defined on line \(line)") }
                 channelLines[channel] = fields.entries["channel"]?.line ?? 0
@@ -344,7 +352,8 @@ extension BoardReader {
                 channel: channel, output: output.output, role: role,
                 minimum: Microseconds(minimum), center: Microseconds(center), maximum: Microseconds(maximum),
                 invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell), chip: output.chip,
-                name: outputName(fields, "name", field: "\(field).name")
+                name: outputName(fields, "name", field: "\(field).name"),
+                motion: MotionLimits(speed: speed, acceleration: acceleration)
             ))
         }
         return result

@@ -45,6 +45,9 @@ servo:
   # nominal 1000/1500/2000 µs (SERVO_VAL 0/500/1000) land on min_us/center_us/
   # max_us (center_us defaults to the middle); nothing goes beyond them.
   # invert: mirror around the centre.
+  # speed_us_per_s, accel_us_per_s2 (servo and esc): a new value is reached
+  # along a ramp, one step per PWM period, not at once; the failsafe is
+  # never slowed (blecontrol-board(5)). Absent: the pulse jumps.
   # failsafe (what happens when the controller is gone):
   #   servo: hold (default) | off | pulse (with failsafe_us)
   #   esc:   off (default) | pulse (neutral/arming pulse, then off after

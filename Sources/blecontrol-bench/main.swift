@@ -305,13 +305,26 @@ func benchmarkSerial() throws {
 // MARK: Servo dispatch (issue #5)
 
 func benchmarkAllocations() {
+    let configuration = try! BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
+    let channels = configuration.servo!.channels
+    measureAllocations(channels: channels, label: "")
+    // The same with every servo channel moving along a profile (issue 38):
+    // the motion's steps, once per period, allocate nothing either.
+    let moving = channels.map { channel -> ChannelConfiguration in
+        var channel = channel
+        if channel.role == .servo { channel.motion = MotionLimits(speed: 5000, acceleration: 50_000) }
+        return channel
+    }
+    measureAllocations(channels: moving, label: ", servos with speed and acceleration limits")
+}
+
+func measureAllocations(channels: [ChannelConfiguration], label: String) {
     var logger = Logger(label: "bench")
     logger.logLevel = .critical
-    let configuration = try! BoardFile.parse(EmbeddedBoards.simulator, path: EmbeddedBoards.simulatorPath)
     let driver = PCA9685(bus: DiscardingI2CBus(), configuration: PCA9685.Configuration(address: I2CAddress(0x40)!), logger: logger, sleep: { _ in })
     var timing = ServoPath.Timing()
     timing.maxFlushesPerPeriod = 0
-    let servo = ServoPath(driver: driver, channels: configuration.servo!.channels, timing: timing, logger: logger)
+    let servo = ServoPath(driver: driver, channels: channels, timing: timing, logger: logger)
     servo.start()
     defer { servo.stop() }
     for channel in 0..<8 { servo.setEnabled(true, channel: channel) }
@@ -328,7 +341,7 @@ func benchmarkAllocations() {
     usleep(200_000)
     let allocations = blc_allocation_count() - before
     let flushes = servo.snapshot().metrics.flushes
-    print("heap allocations on the servo hot path (submit → flush, no-op bus, \(updates) updates, \(flushes) flushes):")
+    print("heap allocations on the servo hot path (submit → flush, no-op bus, \(updates) updates, \(flushes) flushes\(label)):")
     print("  \(allocations) allocations: \(format(Double(allocations) / Double(updates), 3)) per update, \(format(Double(allocations) / Double(max(flushes, 1)), 2)) per flush")
 }
 

@@ -74,6 +74,30 @@ struct BoardFileTests {
         #expect(servo.channels.map(\.output) == Array(0...8) + Array(0...8))
     }
 
+    @Test("Motion limits: speed_us_per_s and accel_us_per_s2 on servo and ESC channels; a PWM channel or a bad number is named")
+    func motionLimits() throws {
+        let board = try BoardFile.parse(minimal + """
+
+        servo:
+          channels:
+            - { channel: 0, speed_us_per_s: 500, accel_us_per_s2: 2000 }
+            - { channel: 1, role: esc, speed_us_per_s: 250 }
+            - { channel: 2 }
+        """, path: "t.yaml")
+        let channels = try #require(board.servo?.channels)
+        #expect(channels.map(\.motion) == [MotionLimits(speed: 500, acceleration: 2000), MotionLimits(speed: 250), MotionLimits()])
+        #expect(channels[2].motion.isUnlimited)
+        let refused = problems(minimal + """
+
+        servo:
+          channels:
+            - { channel: 4, role: pwm, speed_us_per_s: 100 }
+            - { channel: 5, accel_us_per_s2: 0 }
+        """)
+        #expect(refused.map(\.field) == ["servo.channels[0].speed_us_per_s", "servo.channels[1].accel_us_per_s2"], "\(refused)")
+        #expect(refused.first?.message.contains("servo and esc channels") == true, "\(refused)")
+    }
+
     @Test("Several PCA9685s: chips listed with their own settings; outputs as CHIP:N; clashes named with their line")
     func severalChips() throws {
         let board = try BoardFile.parse(minimal + """

@@ -59,6 +59,19 @@ struct ServoEngine {
     private var tokensAt: ContinuousClock.Instant?
     var tracker = ApplyTracker()
 
+    // Motion (channels with `speed_us_per_s` / `accel_us_per_s2`): each
+    // channel's pulse as last staged, in µs (NaN: not known yet, the first
+    // value jumps), its speed in µs/s, and whether it is on its way to its
+    // value. Fixed arrays, like the rest: a tick allocates nothing.
+    private var position: [Double]
+    private var velocity: [Double]
+    private var moving: [Bool]
+    private var movingCount = 0
+    /// When the moving channels take their next step: one step per PWM
+    /// period (the chip takes new counts only at the end of its period,
+    /// datasheet §7.3.3), nil when nothing moves.
+    private var motionTick: ContinuousClock.Instant?
+
     init(channels configurations: [ChannelConfiguration], timing: ServoPath.Timing) {
         self.timing = timing
         var table = [ChannelState?](repeating: nil, count: Self.channelSlots)
@@ -70,6 +83,9 @@ struct ServoEngine {
         dirty = Array(repeating: false, count: Self.channelSlots)
         receivedAt = Array(repeating: nil, count: Self.channelSlots)
         dwellUntil = Array(repeating: nil, count: Self.channelSlots)
+        position = Array(repeating: .nan, count: Self.channelSlots)
+        velocity = Array(repeating: 0, count: Self.channelSlots)
+        moving = Array(repeating: false, count: Self.channelSlots)
         batch.reserveCapacity(Self.channelSlots)
     }
 
@@ -93,7 +109,14 @@ struct ServoEngine {
             }
         }
         channels[channel] = state
-        markDirty(channel, receivedAt: instant)
+        if startsMotion(channel) {
+            // The motion's ticks write it; the value counts as submitted now.
+            receivedAt[channel] = instant
+            metrics.updates += 1
+            tracker.submit()
+        } else {
+            markDirty(channel, receivedAt: instant)
+        }
         return true
     }
 
@@ -107,6 +130,9 @@ struct ServoEngine {
             dwellUntil[channel] = nil
         }
         channels[channel] = state
+        // Enabled again with a value away from where the pulse last was:
+        // the first write is that place, and the move starts from it.
+        if !startsMotion(channel) { stopMotion(channel) }
         markDirty(channel, receivedAt: instant)
         return true
     }
@@ -124,13 +150,20 @@ struct ServoEngine {
         for channel in configured {
             guard var state = channels[channel] else { continue }
             let configuration = state.configuration
+            // Never slowed: a moving servo holds where it is now (not where
+            // it was heading), a preset and an ESC's stop act at once.
+            let wasMoving = moving[channel]
+            stopMotion(channel)
             switch (configuration.role, configuration.failsafe) {
             case (.servo, .hold):
-                continue
+                guard wasMoving else { continue }
+                state.output = .pulse(Microseconds(position[channel]))
             case (.servo, .pulse(let width)):
                 state.output = .pulse(width)
+                position[channel] = width.value
             case (.esc, .pulse(let width)):
                 state.output = .pulse(width)
+                position[channel] = width.value
                 state.latched = true
                 dwellUntil[channel] = now + configuration.failsafeDwell
             case (.esc, _):
@@ -180,12 +213,16 @@ struct ServoEngine {
     /// ``batch`` (flush now) or says until when to wait.
     mutating func nextAction(at now: ContinuousClock.Instant) -> Action {
         let dwellDeadline = expireDwells(at: now)
+        let motionDeadline = advanceMotion(at: now)
+        // The earlier of the two, without an array: this runs at every
+        // turn of the servo thread.
+        let deadline = motionDeadline.map { motion in dwellDeadline.map { min($0, motion) } ?? motion } ?? dwellDeadline
         guard !retired.isEmpty || configured.contains(where: { dirty[$0] }) || switchOutputs.contains(where: \.dirty) else {
-            return .wait(until: dwellDeadline)
+            return .wait(until: deadline)
         }
         // Pace flushes: no more than useful per PWM period.
         if let nextToken = takeFlushToken(at: now) {
-            return .wait(until: dwellDeadline.map { min($0, nextToken) } ?? nextToken)
+            return .wait(until: deadline.map { min($0, nextToken) } ?? nextToken)
         }
         batch.removeAll(keepingCapacity: true)
         for (chip, output) in retired {
@@ -201,8 +238,16 @@ struct ServoEngine {
         for channel in configured where dirty[channel] {
             guard let state = channels[channel] else { continue }
             let configuration = state.configuration
-            batch.append(Staged(channel: channel, chip: configuration.chip, output: configuration.output, value: state.output,
-                                enabled: state.enabled && state.output != nil, receivedAt: receivedAt[channel]))
+            var value = state.output
+            // A channel with motion limits shows where its move has got to.
+            if !configuration.motion.isUnlimited, case .pulse? = value, !position[channel].isNaN {
+                value = .pulse(Microseconds(position[channel]))
+            }
+            let enabled = state.enabled && value != nil
+            if enabled, case .pulse(let width)? = value { position[channel] = width.value }
+            batch.append(Staged(channel: channel, chip: configuration.chip, output: configuration.output, value: value,
+                                enabled: enabled, receivedAt: receivedAt[channel]))
+            receivedAt[channel] = nil
             dirty[channel] = false
         }
         return .flush
@@ -255,6 +300,11 @@ struct ServoEngine {
             if let old = channels[configuration.channel], old.configuration == configuration {
                 table[configuration.channel] = old
             } else {
+                // New limits take effect from the channel's next move.
+                stopMotion(configuration.channel)
+                if let old = channels[configuration.channel], old.configuration.chip != configuration.chip || old.configuration.output != configuration.output {
+                    position[configuration.channel] = .nan
+                }
                 table[configuration.channel] = ChannelState(configuration: configuration)
                 touched.append(configuration.channel)
                 dirty[configuration.channel] = true
@@ -273,6 +323,8 @@ struct ServoEngine {
                     touched.append(channel)
                     dirty[channel] = false
                     dwellUntil[channel] = nil
+                    stopMotion(channel)
+                    position[channel] = .nan
                 }
             }
         }
@@ -320,6 +372,7 @@ struct ServoEngine {
             guard let until = dwellUntil[channel] else { continue }
             if until <= now {
                 dwellUntil[channel] = nil
+                stopMotion(channel)
                 channels[channel]?.enabled = false
                 channels[channel]?.output = nil
                 markDirty(channel, receivedAt: nil)
@@ -328,5 +381,88 @@ struct ServoEngine {
             }
         }
         return next
+    }
+
+    // MARK: Motion
+
+    /// Whether `channel` now moves to its value along a profile (its
+    /// limits, a known position, enabled, a pulse away from it), and starts
+    /// it if so. Without limits, or with no known position (the first value
+    /// after start, a reload that moved the channel), the value is written
+    /// at once.
+    private mutating func startsMotion(_ channel: Int) -> Bool {
+        guard let state = channels[channel], !state.configuration.motion.isUnlimited, state.enabled, !state.latched,
+              case .pulse(let width)? = state.output, !position[channel].isNaN else { return false }
+        if width.value == position[channel] {
+            stopMotion(channel)
+            return false
+        }
+        if !moving[channel] {
+            moving[channel] = true
+            movingCount += 1
+        }
+        return true
+    }
+
+    private mutating func stopMotion(_ channel: Int) {
+        velocity[channel] = 0
+        if moving[channel] {
+            moving[channel] = false
+            movingCount -= 1
+        }
+        if movingCount == 0 { motionTick = nil }
+    }
+
+    /// Steps every moving channel once per PWM period that has begun since
+    /// the last step (several when the thread was late, so the moves keep
+    /// to the clock); returns when the next step is due.
+    private mutating func advanceMotion(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        guard movingCount > 0 else { return nil }
+        let tick = motionTick ?? now
+        guard now >= tick else { return tick }
+        let period = timing.period
+        let steps = min(1 + Int(((now - tick) / period).rounded(.down)), 50)
+        let dt = Double(period.components.seconds) + Double(period.components.attoseconds) / 1e18
+        for channel in configured where moving[channel] {
+            for _ in 0..<steps where moving[channel] { step(channel, dt: dt) }
+            dirty[channel] = true
+        }
+        motionTick = movingCount > 0 ? tick + period * steps : nil
+        return motionTick
+    }
+
+    /// One step of `dt` seconds towards the channel's value: at most its
+    /// speed, its speed changed by at most its acceleration, and slowing
+    /// in time to stop at the value. The speed it can still stop from is
+    /// the discrete one: slowing by a·dt a step from k·a·dt covers
+    /// a·dt²·k(k+1)/2, so k = (√(1 + 8d/(a·dt²)) − 1)/2 (the continuous
+    /// √(2·a·d) would crawl to the value over several extra periods).
+    /// Arriving ends the move.
+    private mutating func step(_ channel: Int, dt: Double) {
+        guard let state = channels[channel], case .pulse(let width)? = state.output else { return stopMotion(channel) }
+        let limits = state.configuration.motion
+        let target = width.value, here = position[channel]
+        let distance = target - here
+        guard distance != 0 else { return stopMotion(channel) }
+        let direction: Double = distance > 0 ? 1 : -1
+        let top = limits.speed ?? .infinity
+        var speed: Double
+        if let acceleration = limits.acceleration {
+            let perStep = acceleration * dt
+            let stoppable = perStep * (((1 + 8 * abs(distance) / (perStep * dt)).squareRoot() - 1) / 2)
+            let wanted = direction * min(top, stoppable)
+            let change = acceleration * dt
+            speed = velocity[channel] + min(max(wanted - velocity[channel], -change), change)
+        } else {
+            speed = direction * top
+        }
+        var next = here + speed * dt
+        if (target - next) * direction <= 0 {
+            next = target
+            speed = 0
+        }
+        position[channel] = next
+        velocity[channel] = speed
+        if next == target { stopMotion(channel) }
     }
 }

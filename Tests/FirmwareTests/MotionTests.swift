@@ -1,0 +1,188 @@
+import BLEControlProtocol
+import Board
+import Devices
+import Hardware
+import TestSupport
+import Testing
+@testable import Firmware
+
+/// Channels with motion limits, on virtual time: the servo engine steps a
+/// move once per PWM period along its profile, and the failsafe is never
+/// slowed by it (issue 38).
+@Suite("Motion: speed and acceleration limits, on virtual time")
+struct MotionTests {
+    static let period = Duration.milliseconds(20)
+
+    static func channel(_ number: Int, role: ChannelRole = .servo, failsafe: FailsafeAction = .hold, speed: Double? = nil,
+                        acceleration: Double? = nil) -> ChannelConfiguration {
+        ChannelConfiguration(channel: number, output: number, role: role, minimum: Microseconds(1000), center: Microseconds(1500),
+                             maximum: Microseconds(2000), failsafe: failsafe, failsafeDwell: .milliseconds(0),
+                             motion: MotionLimits(speed: speed, acceleration: acceleration))
+    }
+
+    /// The engine with `channels`, each enabled and at `start` (its first
+    /// value, which jumps), at `t0`.
+    static func engine(_ channels: [ChannelConfiguration], start: UInt16 = 500, at t0: ContinuousClock.Instant) -> ServoEngine {
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 0
+        var engine = ServoEngine(channels: channels, timing: timing)
+        for configuration in channels {
+            _ = engine.setEnabled(true, channel: configuration.channel, receivedAt: t0)
+            _ = engine.submit(.servo(start), channel: configuration.channel, receivedAt: t0)
+        }
+        let first = engine.nextAction(at: t0)
+        #expect(first == .flush)
+        engine.flushSucceeded(transactions: 1, at: t0)
+        return engine
+    }
+
+    /// Runs the servo thread's loop on virtual time from `from` until
+    /// nothing is due: the pulse written per channel at each flush.
+    static func run(_ engine: inout ServoEngine, from: ContinuousClock.Instant, limit: Int = 500) -> [(at: ContinuousClock.Instant, pulses: [Int: Double])] {
+        var now = from
+        var writes: [(ContinuousClock.Instant, [Int: Double])] = []
+        for _ in 0..<limit {
+            switch engine.nextAction(at: now) {
+            case .flush:
+                var pulses: [Int: Double] = [:]
+                for item in engine.batch where item.enabled {
+                    if case .pulse(let width)? = item.value { pulses[item.channel] = width.value }
+                }
+                writes.append((now, pulses))
+                engine.flushSucceeded(transactions: 1, at: now)
+            case .wait(let until):
+                guard let until else { return writes }
+                now = until
+            }
+        }
+        Issue.record("the move did not end within \(limit) steps")
+        return writes
+    }
+
+    @Test("Speed only: one step of speed × period per PWM period, on the ideal line, ending exactly at the value")
+    func speedOnly() {
+        let t0 = ContinuousClock.now
+        var engine = Self.engine([Self.channel(0, speed: 1000)], at: t0)
+        let t1 = t0 + .seconds(1)
+        _ = engine.submit(.servo(1000), channel: 0, receivedAt: t1)
+        let writes = Self.run(&engine, from: t1)
+        #expect(writes.count == 25, "500 µs at 20 µs a period: \(writes.map { $0.pulses[0] ?? 0 })")
+        for (index, write) in writes.enumerated() {
+            #expect(write.at == t1 + Self.period * index, "step \(index) one period after the last")
+            #expect(abs((write.pulses[0] ?? 0) - (1500 + 20 * Double(index + 1))) < 1e-6, "step \(index)")
+        }
+        #expect(writes.last?.pulses[0] == 2000)
+    }
+
+    @Test("Speed and acceleration: a trapezoid within both limits, at rest at the value, in the ideal time ± one period")
+    func speedAndAcceleration() {
+        let (speed, acceleration) = (1000.0, 5000.0)
+        let t0 = ContinuousClock.now
+        var engine = Self.engine([Self.channel(1, speed: speed, acceleration: acceleration)], at: t0)
+        _ = engine.submit(.servo(1000), channel: 1, receivedAt: t0)
+        let pulses = [1500.0] + Self.run(&engine, from: t0).compactMap { $0.pulses[1] }
+        let dt = 0.02
+        var lastSpeed = 0.0
+        for index in 1..<pulses.count {
+            let stepSpeed = (pulses[index] - pulses[index - 1]) / dt
+            #expect(stepSpeed >= 0 && stepSpeed <= speed + 1e-6, "step \(index): \(stepSpeed) µs/s")
+            // The last step may land short of a whole step: it stops there.
+            if index < pulses.count - 1 {
+                #expect(abs(stepSpeed - lastSpeed) <= acceleration * dt + 1e-6, "step \(index): speed \(lastSpeed) → \(stepSpeed)")
+            }
+            lastSpeed = stepSpeed
+        }
+        #expect(pulses.last == 2000)
+        // The ideal trapezoid: d/v + v/a = 0.5 + 0.2 s = 35 periods.
+        #expect(abs(pulses.count - 1 - 35) <= 1, "\(pulses.count - 1) periods")
+    }
+
+    @Test("The failsafe is never slowed: hold stops where the servo is now, a preset goes straight there, an ESC stops at once")
+    func failsafeMidMove() {
+        let t0 = ContinuousClock.now
+        var engine = Self.engine([Self.channel(0, speed: 1000), Self.channel(3, failsafe: .pulse(Microseconds(1500)), speed: 1000),
+                                  Self.channel(4, role: .esc, failsafe: .off, speed: 1000)], at: t0)
+        for channel in [0, 3, 4] { _ = engine.submit(.servo(1000), channel: channel, receivedAt: t0) }
+        // Ten periods into the moves: 1700 µs each.
+        var now = t0
+        for _ in 0..<10 {
+            let action = engine.nextAction(at: now)
+            #expect(action == .flush)
+            engine.flushSucceeded(transactions: 1, at: now)
+            now = now + Self.period
+        }
+        let engaged = engine.engageFailsafe(reason: "test", at: now)
+        #expect(engaged)
+        let action = engine.nextAction(at: now)
+        #expect(action == .flush)
+        let batch = Dictionary(uniqueKeysWithValues: engine.batch.map { ($0.channel, $0) })
+        engine.flushSucceeded(transactions: 1, at: now)
+        #expect(batch[0]?.value == .pulse(Microseconds(1700)) && batch[0]?.enabled == true, "held where it was, not at 2000")
+        #expect(batch[3]?.value == .pulse(Microseconds(1500)), "the preset at once, not ramped")
+        #expect(batch[4]?.enabled == false, "the ESC stopped at once")
+        let later = engine.nextAction(at: now + .seconds(5))
+        #expect(later == .wait(until: nil), "nothing moves after a failsafe")
+    }
+
+    @Test("Without limits, and for the first value after start, a value is written at once")
+    func unlimitedAndFirstValue() {
+        let t0 = ContinuousClock.now
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 0
+        var engine = ServoEngine(channels: [Self.channel(0), Self.channel(1, speed: 100)], timing: timing)
+        for channel in [0, 1] {
+            _ = engine.setEnabled(true, channel: channel, receivedAt: t0)
+            _ = engine.submit(.servo(1000), channel: channel, receivedAt: t0)
+        }
+        let writes = Self.run(&engine, from: t0)
+        #expect(writes.count == 1)
+        #expect(writes.first?.pulses == [0: 2000, 1: 2000], "nothing known of where it was: no ramp from a guess")
+        _ = engine.submit(.servo(0), channel: 0, receivedAt: t0 + .seconds(1))
+        let again = Self.run(&engine, from: t0 + .seconds(1)).map(\.pulses)
+        #expect(again == [[0: 1000]])
+    }
+
+    @Test("A move turned around midway slows down within its acceleration, then comes back")
+    func reversal() {
+        let t0 = ContinuousClock.now
+        var engine = Self.engine([Self.channel(0, speed: 2000, acceleration: 4000)], at: t0)
+        _ = engine.submit(.servo(1000), channel: 0, receivedAt: t0)
+        var now = t0
+        var pulses: [Double] = [1500]
+        for _ in 0..<15 {
+            _ = engine.nextAction(at: now)
+            pulses.append(engine.batch.first?.value.flatMap { if case .pulse(let w) = $0 { w.value } else { nil } } ?? .nan)
+            engine.flushSucceeded(transactions: 1, at: now)
+            now = now + Self.period
+        }
+        _ = engine.submit(.servo(0), channel: 0, receivedAt: now)
+        pulses += Self.run(&engine, from: now).compactMap { $0.pulses[0] }
+        #expect(pulses.last == 1000)
+        for index in 2..<pulses.count - 1 {
+            let change = abs((pulses[index] - pulses[index - 1]) - (pulses[index - 1] - pulses[index - 2])) / 0.02 / 0.02
+            #expect(change <= 4000 + 1e-3, "step \(index): acceleration \(change) µs/s²")
+        }
+    }
+}
+
+@Suite("Motion on the running board: the servo thread steps a move on the emulated chip")
+struct RunningMotionTests {
+    @Test("A channel with speed_us_per_s 2000 reaches its value through intermediate pulses, each higher than the last")
+    func rampOnTheChip() throws {
+        let board = try RunningBoard(yaml: testBoard().replacingOccurrences(
+            of: "- { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000 }",
+            with: "- { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000, speed_us_per_s: 2000 }"))
+        let central = try LoopbackTCPClient(port: board.port)
+        try central.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 0)))
+        #expect(eventually { abs(board.pulse(0) - 1000) < 5 }, "the first value jumps")
+        try central.send(FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 }, "the move ends at its value")
+        // 1000 µs at 2000 µs/s: half a second, 25 periods of 40 µs; the
+        // chip's history holds each step it put out (the thread may be
+        // late on a busy machine and take two periods in one write).
+        let widths = board.chip.history(channel: 0).map(\.pulseWidth.value).filter { $0 > 1005 }
+        #expect(widths.count >= 10, "intermediate pulses: \(widths)")
+        #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "each step higher: \(widths)")
+        _ = central
+    }
+}
