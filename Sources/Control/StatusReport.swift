@@ -29,9 +29,13 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// nil when never commanded. Absent from older daemons.
         public var setpointUs: Double?
         public var setpointPercent: Double?
+        /// A channel with motion limits: true while its pulse is on its way
+        /// to the setpoint (``pulseUs`` is where it has got to); absent for
+        /// channels without limits.
+        public var moving: Bool?
 
         public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool,
-                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil) {
+                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil, moving: Bool? = nil) {
             self.channel = channel
             self.output = output
             self.chip = chip
@@ -45,6 +49,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.name = name
             self.setpointUs = setpointUs
             self.setpointPercent = setpointPercent
+            self.moving = moving
         }
 
         enum CodingKeys: String, CodingKey {
@@ -53,6 +58,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             case duty, latched, name
             case setpointUs = "setpoint_us"
             case setpointPercent = "setpoint_percent"
+            case moving
         }
     }
 

@@ -36,6 +36,7 @@ enum StatusText {
                 out += " " + last.padded(to: 13)
                 out += " " + channel.pulseUs.fixed(1).padded(left: 8) + "  " + ((channel.duty * 100).fixed(1) + "%").padded(left: 6)
                 if let name = channel.name { out += "  \(name.printable)" }
+                if channel.moving == true, let setpoint = channel.setpointUs { out += "  → \(setpoint.fixed(1)) µs" }
                 out += "\n"
             }
         }

@@ -65,7 +65,9 @@ struct MotionTests {
         var engine = Self.engine([Self.channel(0, speed: 1000)], at: t0)
         let t1 = t0 + .seconds(1)
         _ = engine.submit(.servo(1000), channel: 0, receivedAt: t1)
+        #expect(engine.state(0)?.moving == true)
         let writes = Self.run(&engine, from: t1)
+        #expect(engine.state(0)?.moving == false && engine.state(0)?.currentPulse == 2000, "status: at rest at its value")
         #expect(writes.count == 25, "500 µs at 20 µs a period: \(writes.map { $0.pulses[0] ?? 0 })")
         for (index, write) in writes.enumerated() {
             #expect(write.at == t1 + Self.period * index, "step \(index) one period after the last")

@@ -1,6 +1,7 @@
 import Board
 import Control
 import Devices
+import Hardware
 import Reactor
 
 /// Builds the status report from the board's parts, at one instant on the
@@ -37,7 +38,8 @@ struct StatusAssembler {
                     enabled: state.enabled, command: command, value: value,
                     pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
                     latched: state.latched, name: channel.name,
-                    setpointUs: setpoint.us.map { ($0 * 10).rounded() / 10 }, setpointPercent: setpoint.percent.map { ($0 * 10).rounded() / 10 }
+                    setpointUs: setpoint.us.map { ($0 * 10).rounded() / 10 }, setpointPercent: setpoint.percent.map { ($0 * 10).rounded() / 10 },
+                    moving: channel.motion.isUnlimited ? nil : state.moving
                 ))
             }
             let metrics = snapshot.metrics
@@ -114,7 +116,9 @@ struct StatusAssembler {
     static func produced(_ state: ServoPath.ChannelState, parts: BoardAssembly) -> (pulse: Double, duty: Double) {
         let channel = state.configuration
         if let observed = parts.observer?.output(chip: channel.chip, output: channel.output) { return observed }
-        guard state.enabled, let output = state.output else { return (0, 0) }
+        guard state.enabled, var output = state.output else { return (0, 0) }
+        // A move shows where it has got to, not where it is heading.
+        if let current = state.currentPulse, case .pulse = output { output = .pulse(Microseconds(current)) }
         let frequency = parts.servoFrequencies.indices.contains(channel.chip) ? parts.servoFrequencies[channel.chip].value : 50
         let period = 1_000_000 / frequency
         switch output {

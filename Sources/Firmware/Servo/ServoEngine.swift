@@ -244,7 +244,10 @@ struct ServoEngine {
                 value = .pulse(Microseconds(position[channel]))
             }
             let enabled = state.enabled && value != nil
-            if enabled, case .pulse(let width)? = value { position[channel] = width.value }
+            if enabled, case .pulse(let width)? = value {
+                position[channel] = width.value
+                if !configuration.motion.isUnlimited { channels[channel]?.currentPulse = width.value }
+            }
             batch.append(Staged(channel: channel, chip: configuration.chip, output: configuration.output, value: value,
                                 enabled: enabled, receivedAt: receivedAt[channel]))
             receivedAt[channel] = nil
@@ -400,6 +403,7 @@ struct ServoEngine {
         if !moving[channel] {
             moving[channel] = true
             movingCount += 1
+            channels[channel]?.moving = true
         }
         return true
     }
@@ -409,6 +413,7 @@ struct ServoEngine {
         if moving[channel] {
             moving[channel] = false
             movingCount -= 1
+            channels[channel]?.moving = false
         }
         if movingCount == 0 { motionTick = nil }
     }

@@ -35,6 +35,11 @@ public final class ServoPath: @unchecked Sendable {
         /// An ESC channel after a failsafe: values are ignored until the
         /// central enables the channel again (no automatic resume).
         public var latched = false
+        /// On its way to its value (a channel with motion limits).
+        public var moving = false
+        /// The pulse last written, in µs, where a move has got to (nil
+        /// before the first; kept for channels with motion limits).
+        public var currentPulse: Double?
     }
 
     public enum LastCommand: Sendable, Equatable {
