@@ -133,10 +133,18 @@ public struct ChannelConfiguration: Sendable, Equatable {
     /// How fast its pulse may move (servo and ESC channels); none: it
     /// jumps to each new value, as the original board's did.
     public var motion: MotionLimits
+    /// `start_us`: the pulse the channel produces from start-up, enabled,
+    /// so its first move starts from a known place; nil: no pulses until a
+    /// central enables it (the original board's way).
+    public var start: Microseconds?
+    /// `release_after_ms` (servo channels): once the servo has been still
+    /// this long its pulses stop (no buzz, less current); the next command
+    /// resumes from where it was. nil: it is held for ever.
+    public var releaseAfter: Duration?
 
     public init(channel: Int, output: Int, role: ChannelRole, minimum: Microseconds, center: Microseconds, maximum: Microseconds,
                 invert: Bool = false, failsafe: FailsafeAction, failsafeDwell: Duration = .milliseconds(500), chip: Int = 0, name: String? = nil,
-                motion: MotionLimits = MotionLimits()) {
+                motion: MotionLimits = MotionLimits(), start: Microseconds? = nil, releaseAfter: Duration? = nil) {
         self.channel = channel
         self.output = output
         self.role = role
@@ -149,6 +157,8 @@ public struct ChannelConfiguration: Sendable, Equatable {
         self.chip = chip
         self.name = name
         self.motion = motion
+        self.start = start
+        self.releaseAfter = releaseAfter
     }
 
     /// Its name, or what it is called without one: "Servo 0", "ESC 4", "PWM 5".

@@ -307,7 +307,7 @@ extension BoardReader {
             let field = "servo.channels[\(index)]"
             guard let fields = mapping(item, field, allowed: [
                 "channel", "output", "role", "min_us", "center_us", "max_us", "invert",
-                "failsafe", "failsafe_us", "failsafe_dwell_ms", "name", "speed_us_per_s", "accel_us_per_s2",
+                "failsafe", "failsafe_us", "failsafe_dwell_ms", "name", "speed_us_per_s", "accel_us_per_s2", "start_us", "release_after_ms",
             ]) else { continue }
             // docs/protocol.md: a channel is one byte.
             let channel = integer(fields, "channel", in: 0...255, required: true)
@@ -336,8 +336,14 @@ extension BoardReader {
             // (µs/s²); absent, it jumps as the original board did.
             let speed = number(fields, "speed_us_per_s", in: 1...1_000_000, default: nil)
             let acceleration = number(fields, "accel_us_per_s2", in: 1...100_000_000, default: nil)
-            for key in ["speed_us_per_s", "accel_us_per_s2"] where role == .pwm && fields.entries[key] != nil {
+            for key in ["speed_us_per_s", "accel_us_per_s2", "start_us"] where role == .pwm && fields.entries[key] != nil {
                 fail(fields.entries[key], "\(field).\(key)", "applies to servo and esc channels (a pwm channel has no pulse to move)")
+            }
+            let start = number(fields, "start_us", in: (minimum ?? 400)...(max(maximum ?? 2600, minimum ?? 400)), default: nil)
+            let release = integer(fields, "release_after_ms", in: 1...3_600_000, default: nil)
+            if release != nil, role != .servo {
+                // An ESC without pulses disarms or beeps; a PWM output has no servo to rest.
+                fail(fields.entries["release_after_ms"], "\(field).release_after_ms", "applies to servo channels only")
             }
             if let channel {
                 if let line = channelLines[channel] { fail(fields.entries["channel"], "\(field).channel", "channel \(channel) is already defined on line \(line)") }
@@ -353,7 +359,8 @@ extension BoardReader {
                 minimum: Microseconds(minimum), center: Microseconds(center), maximum: Microseconds(maximum),
                 invert: invert, failsafe: failsafe, failsafeDwell: .milliseconds(dwell), chip: output.chip,
                 name: outputName(fields, "name", field: "\(field).name"),
-                motion: MotionLimits(speed: speed, acceleration: acceleration)
+                motion: MotionLimits(speed: speed, acceleration: acceleration),
+                start: start.map(Microseconds.init), releaseAfter: release.map { .milliseconds($0) }
             ))
         }
         return result

@@ -33,9 +33,12 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// to the setpoint (``pulseUs`` is where it has got to); absent for
         /// channels without limits.
         public var moving: Bool?
+        /// A servo with `release_after_ms`: true once it has let go (no
+        /// pulses until the next command); absent for other channels.
+        public var released: Bool?
 
         public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool,
-                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil, moving: Bool? = nil) {
+                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil, moving: Bool? = nil, released: Bool? = nil) {
             self.channel = channel
             self.output = output
             self.chip = chip
@@ -50,6 +53,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.setpointUs = setpointUs
             self.setpointPercent = setpointPercent
             self.moving = moving
+            self.released = released
         }
 
         enum CodingKeys: String, CodingKey {
@@ -58,7 +62,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             case duty, latched, name
             case setpointUs = "setpoint_us"
             case setpointPercent = "setpoint_percent"
-            case moving
+            case moving, released
         }
     }
 

@@ -96,6 +96,23 @@ struct BoardFileTests {
         """)
         #expect(refused.map(\.field) == ["servo.channels[0].speed_us_per_s", "servo.channels[1].accel_us_per_s2"], "\(refused)")
         #expect(refused.first?.message.contains("servo and esc channels") == true, "\(refused)")
+        let startAndRelease = try BoardFile.parse(minimal + """
+
+        servo:
+          channels:
+            - { channel: 0, start_us: 1500, release_after_ms: 2000 }
+            - { channel: 1, role: esc, start_us: 1000 }
+        """, path: "t.yaml").servo?.channels
+        #expect(startAndRelease?.map(\.start) == [Microseconds(1500), Microseconds(1000)])
+        #expect(startAndRelease?.map(\.releaseAfter) == [.milliseconds(2000), nil])
+        let badRelease = problems(minimal + """
+
+        servo:
+          channels:
+            - { channel: 1, role: esc, release_after_ms: 100 }
+            - { channel: 2, start_us: 2500 }
+        """)
+        #expect(badRelease.map(\.field) == ["servo.channels[0].release_after_ms", "servo.channels[1].start_us"], "\(badRelease)")
     }
 
     @Test("Several PCA9685s: chips listed with their own settings; outputs as CHIP:N; clashes named with their line")

@@ -167,6 +167,57 @@ struct MotionTests {
     }
 }
 
+@Suite("Start position and release, on virtual time")
+struct StartAndReleaseTests {
+    static func channel(_ number: Int, start: Double? = nil, release: Duration? = nil, speed: Double? = nil) -> ChannelConfiguration {
+        ChannelConfiguration(channel: number, output: number, role: .servo, minimum: Microseconds(1000), center: Microseconds(1500),
+                             maximum: Microseconds(2000), failsafe: .hold, motion: MotionLimits(speed: speed),
+                             start: start.map(Microseconds.init), releaseAfter: release)
+    }
+
+    @Test("start_us: the channel pulses from start-up, so its first move is a ramp from there, not a jump")
+    func startPosition() {
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 0
+        var engine = ServoEngine(channels: [Self.channel(0, start: 1200, speed: 1000), Self.channel(1)], timing: timing)
+        let t0 = ContinuousClock.now
+        let first = MotionTests.run(&engine, from: t0)
+        #expect(first.map(\.pulses) == [[0: 1200]], "only the channel with start_us pulses at start")
+        #expect(engine.state(0)?.enabled == true)
+        _ = engine.submit(.servo(500), channel: 0, receivedAt: t0 + .seconds(1))
+        let ramp = MotionTests.run(&engine, from: t0 + .seconds(1)).compactMap { $0.pulses[0] }
+        #expect(ramp.count == 15 && ramp.first == 1220 && ramp.last == 1500, "300 µs at 20 µs a period: \(ramp)")
+    }
+
+    @Test("release_after_ms: a still servo's pulses stop after exactly that long; the next command resumes from where it was")
+    func release() {
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 0
+        var engine = ServoEngine(channels: [Self.channel(0, release: .milliseconds(500), speed: 1000)], timing: timing)
+        let t0 = ContinuousClock.now
+        _ = engine.setEnabled(true, channel: 0, receivedAt: t0)
+        _ = engine.submit(.servo(700), channel: 0, receivedAt: t0)
+        let held = engine.nextAction(at: t0)
+        #expect(held == .flush)
+        engine.flushSucceeded(transactions: 1, at: t0)
+        let waiting = engine.nextAction(at: t0 + .milliseconds(499))
+        #expect(waiting == .wait(until: t0 + .milliseconds(500)), "the release is due 500 ms after the last write")
+        let letGo = engine.nextAction(at: t0 + .milliseconds(500))
+        #expect(letGo == .flush)
+        #expect(engine.batch.first?.enabled == false, "no pulses once released")
+        engine.flushSucceeded(transactions: 1, at: t0 + .milliseconds(500))
+        #expect(engine.state(0)?.released == true)
+        // The next command starts from 1700 µs, where it let go: a ramp.
+        _ = engine.submit(.servo(800), channel: 0, receivedAt: t0 + .seconds(2))
+        #expect(engine.state(0)?.released == false)
+        let resumed = MotionTests.run(&engine, from: t0 + .seconds(2))
+        let ramp = resumed.compactMap { $0.pulses[0] }
+        #expect(ramp.first == 1720 && ramp.last == 1800, "\(ramp)")
+        // Still again: released again after 500 ms (the run above ends with it).
+        #expect(resumed.last?.pulses.isEmpty == true && engine.state(0)?.released == true)
+    }
+}
+
 @Suite("Motion on the running board: the servo thread steps a move on the emulated chip")
 struct RunningMotionTests {
     @Test("A channel with speed_us_per_s 2000 reaches its value through intermediate pulses, each higher than the last")

@@ -71,12 +71,14 @@ struct ServoEngine {
     /// period (the chip takes new counts only at the end of its period,
     /// datasheet §7.3.3), nil when nothing moves.
     private var motionTick: ContinuousClock.Instant?
+    /// When a still servo with `release_after_ms` lets go (nil: not due).
+    private var releaseAt: [ContinuousClock.Instant?]
 
     init(channels configurations: [ChannelConfiguration], timing: ServoPath.Timing) {
         self.timing = timing
         var table = [ChannelState?](repeating: nil, count: Self.channelSlots)
         for configuration in configurations where (0..<Self.channelSlots).contains(configuration.channel) {
-            table[configuration.channel] = ChannelState(configuration: configuration)
+            table[configuration.channel] = Self.initialState(configuration)
         }
         channels = table
         configured = configurations.map(\.channel).filter { (0..<Self.channelSlots).contains($0) }.sorted()
@@ -86,7 +88,23 @@ struct ServoEngine {
         position = Array(repeating: .nan, count: Self.channelSlots)
         velocity = Array(repeating: 0, count: Self.channelSlots)
         moving = Array(repeating: false, count: Self.channelSlots)
+        releaseAt = Array(repeating: nil, count: Self.channelSlots)
         batch.reserveCapacity(Self.channelSlots)
+        for configuration in configurations where configuration.start != nil && (0..<Self.channelSlots).contains(configuration.channel) {
+            dirty[configuration.channel] = true
+        }
+    }
+
+    /// A channel as the board starts it: stopped with no value, or, with
+    /// `start_us`, enabled at that pulse (written right after the chip's
+    /// all-off), so its first move starts from a known place.
+    static func initialState(_ configuration: ChannelConfiguration) -> ChannelState {
+        var state = ChannelState(configuration: configuration)
+        if let start = configuration.start {
+            state.enabled = true
+            state.output = .pulse(start)
+        }
+        return state
     }
 
     func state(_ channel: Int) -> ChannelState? {
@@ -101,6 +119,7 @@ struct ServoEngine {
     mutating func submit(_ command: ServoPath.LastCommand, channel: Int, receivedAt instant: ContinuousClock.Instant?) -> Bool {
         guard var state = state(channel) else { return false }
         state.lastCommand = command
+        state.released = false
         // A latched ESC keeps its failsafe output until re-enabled.
         if !state.latched {
             switch command {
@@ -125,6 +144,7 @@ struct ServoEngine {
     mutating func setEnabled(_ enabled: Bool, channel: Int, receivedAt instant: ContinuousClock.Instant?) -> Bool {
         guard var state = state(channel) else { return false }
         state.enabled = enabled
+        state.released = false
         if enabled {
             state.latched = false
             dwellUntil[channel] = nil
@@ -160,6 +180,7 @@ struct ServoEngine {
                 state.output = .pulse(Microseconds(position[channel]))
             case (.servo, .pulse(let width)):
                 state.output = .pulse(width)
+                state.released = false
                 position[channel] = width.value
             case (.esc, .pulse(let width)):
                 state.output = .pulse(width)
@@ -212,11 +233,9 @@ struct ServoEngine {
     /// Ends due dwells, then either takes every dirty channel into
     /// ``batch`` (flush now) or says until when to wait.
     mutating func nextAction(at now: ContinuousClock.Instant) -> Action {
-        let dwellDeadline = expireDwells(at: now)
-        let motionDeadline = advanceMotion(at: now)
-        // The earlier of the two, without an array: this runs at every
+        // The earliest of the three, without an array: this runs at every
         // turn of the servo thread.
-        let deadline = motionDeadline.map { motion in dwellDeadline.map { min($0, motion) } ?? motion } ?? dwellDeadline
+        let deadline = Self.earliest(Self.earliest(expireDwells(at: now), advanceMotion(at: now)), expireReleases(at: now))
         guard !retired.isEmpty || configured.contains(where: { dirty[$0] }) || switchOutputs.contains(where: \.dirty) else {
             return .wait(until: deadline)
         }
@@ -243,10 +262,16 @@ struct ServoEngine {
             if !configuration.motion.isUnlimited, case .pulse? = value, !position[channel].isNaN {
                 value = .pulse(Microseconds(position[channel]))
             }
-            let enabled = state.enabled && value != nil
+            let enabled = state.enabled && !state.released && value != nil
             if enabled, case .pulse(let width)? = value {
                 position[channel] = width.value
                 if !configuration.motion.isUnlimited { channels[channel]?.currentPulse = width.value }
+            }
+            // Still at a pulse: its release is due after release_after_ms.
+            if let after = configuration.releaseAfter, enabled, !moving[channel], case .pulse? = value {
+                releaseAt[channel] = now + after
+            } else {
+                releaseAt[channel] = nil
             }
             batch.append(Staged(channel: channel, chip: configuration.chip, output: configuration.output, value: value,
                                 enabled: enabled, receivedAt: receivedAt[channel]))
@@ -308,7 +333,8 @@ struct ServoEngine {
                 if let old = channels[configuration.channel], old.configuration.chip != configuration.chip || old.configuration.output != configuration.output {
                     position[configuration.channel] = .nan
                 }
-                table[configuration.channel] = ChannelState(configuration: configuration)
+                table[configuration.channel] = Self.initialState(configuration)
+                releaseAt[configuration.channel] = nil
                 touched.append(configuration.channel)
                 dirty[configuration.channel] = true
                 receivedAt[configuration.channel] = nil
@@ -381,6 +407,32 @@ struct ServoEngine {
                 markDirty(channel, receivedAt: nil)
             } else {
                 next = min(next ?? until, until)
+            }
+        }
+        return next
+    }
+
+    /// The earlier of two instants, either of which may be absent.
+    private static func earliest(_ a: ContinuousClock.Instant?, _ b: ContinuousClock.Instant?) -> ContinuousClock.Instant? {
+        guard let a else { return b }
+        guard let b else { return a }
+        return min(a, b)
+    }
+
+    /// Lets go of the still servos whose release is due (their pulses stop
+    /// at the next write: the chip ends the period it is in, §7.3.3);
+    /// returns the next release due.
+    private mutating func expireReleases(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        var next: ContinuousClock.Instant?
+        for channel in configured {
+            guard let due = releaseAt[channel] else { continue }
+            if due <= now {
+                releaseAt[channel] = nil
+                guard !moving[channel], channels[channel]?.enabled == true else { continue }
+                channels[channel]?.released = true
+                dirty[channel] = true
+            } else {
+                next = Self.earliest(next, due)
             }
         }
         return next

@@ -40,6 +40,9 @@ public final class ServoPath: @unchecked Sendable {
         /// The pulse last written, in µs, where a move has got to (nil
         /// before the first; kept for channels with motion limits).
         public var currentPulse: Double?
+        /// A servo still for its `release_after_ms`: no pulses until the
+        /// next command, which resumes from where it was.
+        public var released = false
     }
 
     public enum LastCommand: Sendable, Equatable {
