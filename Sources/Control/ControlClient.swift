@@ -124,8 +124,10 @@ public final class ControlClient {
     }
 
     /// Sends raw frame bytes as a session and returns the frames sent back.
-    public func send(_ bytes: [UInt8]) throws -> [UInt8] {
-        let response = try request(ControlProtocol.Request(op: .send, hex: ControlProtocol.hex(bytes)))
+    /// `over`: the servo and PWM values among them move there in that time,
+    /// together (a timed move).
+    public func send(_ bytes: [UInt8], over: Duration? = nil) throws -> [UInt8] {
+        let response = try request(ControlProtocol.Request(op: .send, hex: ControlProtocol.hex(bytes), overMs: over.map(Self.milliseconds)))
         if let error = response.error, !response.ok { throw Failure(description: error) }
         return ControlProtocol.bytes(fromHex: response.replies ?? "") ?? []
     }
@@ -133,10 +135,14 @@ public final class ControlClient {
     /// Sets a servo or ESC channel's pulse in µs, within its calibration
     /// (the daemon refuses one outside it, with the range); returns the
     /// frames the board sent back, as ``send(_:)``.
-    public func pulse(channel: Int, microseconds: Double) throws -> [UInt8] {
-        let response = try request(ControlProtocol.Request(op: .pulse, channel: channel, us: microseconds))
+    public func pulse(channel: Int, microseconds: Double, over: Duration? = nil) throws -> [UInt8] {
+        let response = try request(ControlProtocol.Request(op: .pulse, channel: channel, us: microseconds, overMs: over.map(Self.milliseconds)))
         if let error = response.error, !response.ok { throw Failure(description: error) }
         return ControlProtocol.bytes(fromHex: response.replies ?? "") ?? []
+    }
+
+    private static func milliseconds(_ duration: Duration) -> Int {
+        Int(duration.components.seconds) * 1000 + Int(duration.components.attoseconds / 1_000_000_000_000_000)
     }
 
     /// Removes every BLE bond of the board; returns the addresses forgotten.

@@ -2,7 +2,8 @@
 /// JSON object per line each way.
 ///
 /// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`,
-/// `{"op":"pulse","channel":0,"us":1500}`, `{"op":"forget-bonds"}`,
+/// `{"op":"pulse","channel":0,"us":1500}` (`send` and `pulse` take
+/// `"over_ms":1500` too: a timed move), `{"op":"forget-bonds"}`,
 /// `{"op":"clear-failsafe"}`.
 /// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
 /// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
@@ -33,11 +34,20 @@ public enum ControlProtocol {
         /// `pulse`: the channel and the width in µs.
         public var channel: Int?
         public var us: Double?
-        public init(op: Operation, hex: String? = nil, channel: Int? = nil, us: Double? = nil) {
+        /// `send` and `pulse`: the servo and PWM values they carry move there
+        /// in this many milliseconds, together (1…600000).
+        public var overMs: Int?
+        public init(op: Operation, hex: String? = nil, channel: Int? = nil, us: Double? = nil, overMs: Int? = nil) {
             self.op = op
             self.hex = hex
             self.channel = channel
             self.us = us
+            self.overMs = overMs
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case op, hex, channel, us
+            case overMs = "over_ms"
         }
     }
 

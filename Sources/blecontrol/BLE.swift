@@ -22,7 +22,8 @@ let deliveryFlags = [syncFlag, verboseFlag]
 /// Sends `outgoing` through the control socket, or over the air (`--ble`)
 /// or a broker (`--mqtt`); exit status 1 when the board refused a frame.
 func deliver(_ outgoing: Outgoing, _ arguments: Parsed, command: (name: String, words: [String])? = nil) throws {
-    guard let link = try frameLink(arguments) else { return try sendFrames(outgoing.bytes, arguments, command: command) }
+    let over = try overDuration(arguments)
+    guard let link = try frameLink(arguments) else { return try sendFrames(outgoing.bytes, arguments, command: command, over: over) }
     defer { link.close() }
     try link.send(outgoing)
     try link.finish(arguments)

@@ -140,6 +140,29 @@ func wireValue(_ text: String, command: String = "servo", channel: UInt8 = 0, ra
     throw UsageError("<value> for \(command) must be \(unit), got \(text)\(hint); --raw sends any 16-bit value, as the original app could")
 }
 
+/// --over for `servo`, `pwm`, `pulse` and `send`: a timed move.
+let overOption = CLICommand.Option("over", value: "TIME", help: "Move there in TIME (1.5s, 800ms; a bare number is seconds), from where the pulse is now: every value of the command arrives together. Never faster than the channel's speed_us_per_s. Through the control socket only.")
+
+/// `--over`'s value: 1.5s, 800ms, or seconds.
+func overDuration(_ arguments: Parsed) throws -> Duration? {
+    guard let text = arguments.option("over") else { return nil }
+    if arguments.option("ble") != nil || arguments.option("mqtt") != nil {
+        throw UsageError("--over needs the board's control socket (a BLEControl frame carries no time): run it on the board")
+    }
+    var number = text
+    var scale = 1000.0
+    if number.hasSuffix("ms") {
+        number.removeLast(2)
+        scale = 1
+    } else if number.hasSuffix("s") {
+        number.removeLast()
+    }
+    guard let value = Double(number), value.isFinite, value * scale >= 1, value * scale <= 600_000 else {
+        throw UsageError("--over must be a time from 1ms to 600s (such as 1.5s or 800ms), got \(text)")
+    }
+    return .milliseconds(Int((value * scale).rounded()))
+}
+
 /// --raw for `servo` and `pwm`.
 let rawFlag = CLICommand.Flag("raw", help: "Send VALUE as the original app could: any 16-bit value, negatives as its Int16 (without it, only 0…1000).")
 

@@ -35,8 +35,8 @@ func askDaemon<T>(_ arguments: Parsed, _ request: (ControlClient) throws -> T) t
 /// `words`): an ERROR is told with its reason from the board's status, and
 /// a value for a channel that is not enabled says so; exit status 1 when
 /// the board refused a frame.
-func sendFrames(_ bytes: [UInt8], _ arguments: Parsed, command: (name: String, words: [String])? = nil) throws {
-    try reportReplies(try askDaemon(arguments) { try $0.send(bytes) }, arguments, command: command)
+func sendFrames(_ bytes: [UInt8], _ arguments: Parsed, command: (name: String, words: [String])? = nil, over: Duration? = nil) throws {
+    try reportReplies(try askDaemon(arguments) { try $0.send(bytes, over: over) }, arguments, command: command)
 }
 
 /// The board's replies to `command`, as ``sendFrames(_:_:command:)`` tells them.
@@ -75,7 +75,8 @@ let status = Command("status", abstract: "Show outputs, display, LED, sessions a
 /// through the control socket or, with --ble, over the air.
 func frameCommand(_ name: String, abstract: String, discussion: String = "", examples: [String], positionals: [CLICommand.Positional]) -> CLICommand {
     let values = name == "servo" || name == "pwm"
-    return CLICommand(name, abstract: abstract, examples: examples, discussion: discussion, options: deliveryOptions, flags: (values ? [rawFlag] : []) + deliveryFlags,
+    let timed = values || name == "send"
+    return CLICommand(name, abstract: abstract, examples: examples, discussion: discussion, options: (timed ? [overOption] : []) + deliveryOptions, flags: (values ? [rawFlag] : []) + deliveryFlags,
                       positionals: positionals) { arguments in
         try deliver(try FrameCommands.outgoing(name, arguments.positionals, raw: values && arguments.flag("raw")), arguments,
                     command: (name, arguments.positionals))
@@ -85,7 +86,7 @@ func frameCommand(_ name: String, abstract: String, discussion: String = "", exa
 let onOffArgument = CLICommand.Positional("state", help: "on or off (1/0, true/false).")
 let frameCommands = [
     frameCommand("servo", abstract: "SERVO_VAL: a pulse of 1000 + VALUE µs on channel CH (500: 1500 µs, the centre).",
-                 examples: ["blecontrol servo 0 500                    # 1500 µs, the centre", "blecontrol servo 0 500 --ble BLEControl   # over the air"],
+                 examples: ["blecontrol servo 0 500                    # 1500 µs, the centre", "blecontrol servo 0 800 --over 1.5s         # a timed move", "blecontrol servo 0 500 --ble BLEControl   # over the air"],
                  positionals: [channelArgument, CLICommand.Positional("value", help: "0…1000: 1000…2000 µs, clamped to the channel's calibration (--raw: any 16-bit value).")]),
     frameCommand("pwm", abstract: "PWM_VAL: duty VALUE/1000 on channel CH (250: 25 %).",
                  examples: ["blecontrol pwm 4 250                      # 25 %"],
@@ -112,7 +113,7 @@ let pulse = CLICommand(
     "pulse", abstract: "A servo or ESC channel's pulse in µs, within its calibration.",
     examples: ["blecontrol pulse 0 1500", "blecontrol pulse 0 1750 --mqtt rc-car@192.168.1.2"],
     discussion: "The board turns the width into the SERVO_VAL that gives it with the channel's calibration (min_us, center_us, max_us, invert), as Home Assistant's pulse number does, and refuses a width outside min_us…max_us with the range: to find a servo's end stops, widen them in the board file and reload (docs/calibration.md). Through the control socket or --mqtt (…/pulse/N/set); over the air a central has no calibration to read, so --ble is refused.",
-    options: deliveryOptions, flags: deliveryFlags,
+    options: [overOption] + deliveryOptions, flags: deliveryFlags,
     positionals: [channelArgument, CLICommand.Positional("microseconds", help: "The pulse width in µs, e.g. 1500 (a unit suffix us or µs is allowed).")]
 ) { arguments in
     guard arguments.positionals.count == 2 else { throw UsageError("pulse takes <channel> <microseconds>, e.g. `blecontrol pulse 0 1500`") }
@@ -122,6 +123,7 @@ let pulse = CLICommand(
     guard let microseconds = Double(text), microseconds.isFinite, microseconds > 0, microseconds < 100_000 else {
         throw UsageError("<microseconds> must be a pulse width in µs such as 1500, got \(arguments.positionals[1])")
     }
+    let over = try overDuration(arguments)
     if arguments.option("ble") != nil {
         throw UsageError("pulse needs the board's calibration, which a central cannot read over the air: run it on the board (the control socket) or with --mqtt; over the air, `blecontrol servo` takes 0…1000")
     }
@@ -133,7 +135,7 @@ let pulse = CLICommand(
         if link.replies.refused { throw ExitFailure.silent(1) }
         return
     }
-    try reportReplies(try askDaemon(arguments) { try $0.pulse(channel: Int(channel), microseconds: microseconds) }, arguments,
+    try reportReplies(try askDaemon(arguments) { try $0.pulse(channel: Int(channel), microseconds: microseconds, over: over) }, arguments,
                       command: ("pulse", arguments.positionals))
 }
 

@@ -356,6 +356,24 @@ struct SimulatorEndToEndTests {
         #expect(notEnabled.status == 0 && notEnabled.stderr.contains("channel 2 is not enabled"), "\(notEnabled.stderr)")
     }
 
+    @Test("blecontrol servo --over: a timed move through the control socket, in steps; --over over the air is refused")
+    func timedMoveFromTheCLI() throws {
+        let daemon = try SimulatorDaemon()
+        #expect(try daemon.cli(["enable", "0", "on"]).status == 0)
+        #expect(try daemon.cli(["servo", "0", "0"]).status == 0)
+        _ = try daemon.waitFor("channel 0 at 1000 µs") { abs(($0.pulse(0) ?? 0) - 1000) < 5 }
+        let moved = try daemon.cli(["servo", "0", "1000", "--over", "400ms"])
+        #expect(moved.status == 0, "\(moved.stderr)")
+        // Its steps are MotionTests' (virtual time) and RunningMotionTests'
+        // (the chip's history); here, that the CLI's move arrives.
+        _ = try daemon.waitFor("channel 0 at 2000 µs") { abs(($0.pulse(0) ?? 0) - 2000) < 5 }
+        for arguments in [["servo", "0", "500", "--over", "1s", "--ble", "Board"], ["servo", "0", "500", "--over", "fast"],
+                          ["pulse", "0", "1500", "--over", "0"]] {
+            let refused = try daemon.cli(arguments)
+            #expect(refused.status == 2 && refused.stderr.contains("--over"), "\(arguments): \(refused.stderr)")
+        }
+    }
+
     @Test("blecontrol failsafe clear: the operator ends a failsafe on purpose; logged with who; the outputs stay where it put them")
     func operatorClearsFailsafe() throws {
         let daemon = try SimulatorDaemon()

@@ -2,6 +2,7 @@ import BLEControlProtocol
 import Board
 import Devices
 import Hardware
+import Control
 import TestSupport
 import Testing
 @testable import Firmware
@@ -167,6 +168,41 @@ struct MotionTests {
     }
 }
 
+@Suite("Timed moves, on virtual time")
+struct TimedMoveTests {
+    @Test("Moves given one time finish together, on the same period, each at its own steady speed; a channel's speed limit still holds")
+    func finishTogether() {
+        let t0 = ContinuousClock.now
+        var engine = MotionTests.engine([MotionTests.channel(0), MotionTests.channel(1), MotionTests.channel(2, speed: 100)], at: t0)
+        let t1 = t0 + .seconds(1)
+        // 500 µs, 200 µs and 500 µs in one second; channel 2 may go at 100 µs/s only.
+        _ = engine.submit(.servo(1000), channel: 0, receivedAt: t1, over: .seconds(1))
+        _ = engine.submit(.servo(300), channel: 1, receivedAt: t1, over: .seconds(1))
+        _ = engine.submit(.servo(1000), channel: 2, receivedAt: t1, over: .seconds(1))
+        let writes = MotionTests.run(&engine, from: t1, limit: 1000)
+        func arrival(_ channel: Int, _ target: Double) -> Int? { writes.firstIndex { $0.pulses[channel] == target } }
+        #expect(arrival(0, 2000) == 49 && arrival(1, 1300) == 49, "both on the 50th period: \(String(describing: arrival(0, 2000))), \(String(describing: arrival(1, 1300)))")
+        #expect(writes[0].pulses[0] == 1510 && writes[0].pulses[1] == 1496, "10 µs a period up, 4 down")
+        #expect(writes[0].pulses[2] == 1502 && arrival(2, 2000) == 249, "the speed limit wins: 2 µs a period, 250 periods")
+    }
+
+    @Test("A timed move on a channel without limits, from a known pulse; the first value still jumps")
+    func timedFromKnownPulse() {
+        let t0 = ContinuousClock.now
+        var timing = ServoPath.Timing()
+        timing.maxFlushesPerPeriod = 0
+        var engine = ServoEngine(channels: [MotionTests.channel(0)], timing: timing)
+        _ = engine.setEnabled(true, channel: 0, receivedAt: t0)
+        _ = engine.submit(.servo(0), channel: 0, receivedAt: t0, over: .seconds(1))
+        #expect(MotionTests.run(&engine, from: t0).map(\.pulses) == [[0: 1000]], "nothing known of where it was: it jumps")
+        _ = engine.submit(.servo(100), channel: 0, receivedAt: t0 + .seconds(1), over: .milliseconds(100))
+        let steps = MotionTests.run(&engine, from: t0 + .seconds(1)).compactMap { $0.pulses[0] }
+        #expect(steps == [1020, 1040, 1060, 1080, 1100], "\(steps)")
+        _ = engine.submit(.servo(200), channel: 0, receivedAt: t0 + .seconds(2))
+        #expect(MotionTests.run(&engine, from: t0 + .seconds(2)).map(\.pulses) == [[0: 1200]], "untimed again: at once")
+    }
+}
+
 @Suite("Start position and release, on virtual time")
 struct StartAndReleaseTests {
     static func channel(_ number: Int, start: Double? = nil, release: Duration? = nil, speed: Double? = nil) -> ChannelConfiguration {
@@ -237,5 +273,18 @@ struct RunningMotionTests {
         #expect(widths.count >= 10, "intermediate pulses: \(widths)")
         #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "each step higher: \(widths)")
         _ = central
+    }
+
+    @Test("A timed move through the control socket (over_ms): the chip puts out its steps, each higher than the last")
+    func timedMoveThroughTheControlSocket() throws {
+        let board = try RunningBoard(yaml: testBoard())
+        let client = try ControlClient(path: board.socket, timeout: Patience.time)
+        _ = try client.send(FrameEncoder.encode(.enable(channel: 1, on: true)) + FrameEncoder.encode(.servo(channel: 1, value: 0)))
+        #expect(eventually { abs(board.pulse(1) - 1000) < 5 })
+        _ = try client.send(FrameEncoder.encode(.servo(channel: 1, value: 1000)), over: .milliseconds(500))
+        #expect(eventually { abs(board.pulse(1) - 2000) < 5 })
+        let widths = board.chip.history(channel: 1).map(\.pulseWidth.value).filter { $0 > 1005 }
+        #expect(widths.count >= 5, "a move in steps, not a jump: \(widths)")
+        #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "\(widths)")
     }
 }

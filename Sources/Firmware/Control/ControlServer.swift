@@ -157,6 +157,10 @@ public final class ControlServer: @unchecked Sendable {
         } catch {
             return respond(ControlProtocol.Response(ok: false, error: "\(error)"), to: client)
         }
+        if let over = request.overMs, !(1...600_000).contains(over) {
+            return respond(ControlProtocol.Response(ok: false, error: "over_ms must be 1…600000 (a move's time in ms), got \(over)"), to: client)
+        }
+        let over = request.overMs.map { Duration.milliseconds($0) }
         switch request.op {
         case .status:
             guard let statusProvider else {
@@ -203,14 +207,14 @@ public final class ControlServer: @unchecked Sendable {
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)
             }
-            apply(bytes, from: client)
+            apply(bytes, from: client, over: over)
         case .pulse:
             guard let channel = request.channel, let microseconds = request.us, microseconds.isFinite, (0...255).contains(channel) else {
                 return respond(ControlProtocol.Response(ok: false, error: "pulse needs \"channel\" (0…255) and \"us\" (a pulse width in µs)"), to: client)
             }
             switch PulseRequest.servoValue(microseconds, channel: channel, of: channelsProvider?() ?? [], clamp: false) {
             case .success(let value):
-                apply(FrameEncoder.encode(.servo(channel: UInt8(channel), value: value)), from: client)
+                apply(FrameEncoder.encode(.servo(channel: UInt8(channel), value: value)), from: client, over: over)
             case .failure(let refusal):
                 respond(ControlProtocol.Response(ok: false, error: "\(refusal)"), to: client)
             }
@@ -219,13 +223,17 @@ public final class ControlServer: @unchecked Sendable {
 
     /// Frames from `client`, as its central's session would send them; the
     /// reply once the hardware has them, as a write with response.
-    private func apply(_ bytes: [UInt8], from client: Client) {
+    /// `over`: the values among them move there in that time, together.
+    private func apply(_ bytes: [UInt8], from client: Client, over: Duration? = nil) {
         let session = client.session ?? hub.open(transport: .control, peer: "cli") { [weak client] frame in
             client?.replies.append(contentsOf: frame)
         }
         client.session = session
         let mark = dispatcher.mark
+        // The frames are dispatched within this call, on this loop.
+        session.moveDuration = over
         hub.receive(bytes, for: session)
+        session.moveDuration = nil
         dispatcher.whenApplied(since: mark) { [weak self, weak client] error in
             guard let server = self, let client else { return }
             server.loop.execute {

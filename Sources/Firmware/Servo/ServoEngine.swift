@@ -66,6 +66,9 @@ struct ServoEngine {
     private var position: [Double]
     private var velocity: [Double]
     private var moving: [Bool]
+    /// A timed move's speed (µs/s), for the move under way; NaN: none, the
+    /// channel's limits apply.
+    private var timedSpeed: [Double]
     private var movingCount = 0
     /// When the moving channels take their next step: one step per PWM
     /// period (the chip takes new counts only at the end of its period,
@@ -88,6 +91,7 @@ struct ServoEngine {
         position = Array(repeating: .nan, count: Self.channelSlots)
         velocity = Array(repeating: 0, count: Self.channelSlots)
         moving = Array(repeating: false, count: Self.channelSlots)
+        timedSpeed = Array(repeating: .nan, count: Self.channelSlots)
         releaseAt = Array(repeating: nil, count: Self.channelSlots)
         batch.reserveCapacity(Self.channelSlots)
         for configuration in configurations where configuration.start != nil && (0..<Self.channelSlots).contains(configuration.channel) {
@@ -116,7 +120,11 @@ struct ServoEngine {
     // MARK: Events
 
     /// SERVO_VAL / PWM_VAL; false when the channel is not configured.
-    mutating func submit(_ command: ServoPath.LastCommand, channel: Int, receivedAt instant: ContinuousClock.Instant?) -> Bool {
+    /// `over`: a timed move (servo and ESC channels, from where the pulse is
+    /// now): at the speed that takes it there in that time, never faster
+    /// than the channel's `speed_us_per_s`; moves given the same time
+    /// together finish together.
+    mutating func submit(_ command: ServoPath.LastCommand, channel: Int, receivedAt instant: ContinuousClock.Instant?, over: Duration? = nil) -> Bool {
         guard var state = state(channel) else { return false }
         state.lastCommand = command
         state.released = false
@@ -128,6 +136,12 @@ struct ServoEngine {
             }
         }
         channels[channel] = state
+        timedSpeed[channel] = .nan
+        if let over, over > .zero, state.configuration.role != .pwm, case .pulse(let width)? = state.output, !position[channel].isNaN {
+            let seconds = Double(over.components.seconds) + Double(over.components.attoseconds) / 1e18
+            let speed = abs(width.value - position[channel]) / seconds
+            timedSpeed[channel] = min(speed, state.configuration.motion.speed ?? .infinity)
+        }
         if startsMotion(channel) {
             // The motion's ticks write it; the value counts as submitted now.
             receivedAt[channel] = instant
@@ -258,8 +272,9 @@ struct ServoEngine {
             guard let state = channels[channel] else { continue }
             let configuration = state.configuration
             var value = state.output
-            // A channel with motion limits shows where its move has got to.
-            if !configuration.motion.isUnlimited, case .pulse? = value, !position[channel].isNaN {
+            // A channel that moves (limits, or a timed move under way)
+            // shows where its move has got to.
+            if !configuration.motion.isUnlimited || moving[channel], case .pulse? = value, !position[channel].isNaN {
                 value = .pulse(Microseconds(position[channel]))
             }
             let enabled = state.enabled && !state.released && value != nil
@@ -446,7 +461,7 @@ struct ServoEngine {
     /// after start, a reload that moved the channel), the value is written
     /// at once.
     private mutating func startsMotion(_ channel: Int) -> Bool {
-        guard let state = channels[channel], !state.configuration.motion.isUnlimited, state.enabled, !state.latched,
+        guard let state = channels[channel], !state.configuration.motion.isUnlimited || !timedSpeed[channel].isNaN, state.enabled, !state.latched,
               case .pulse(let width)? = state.output, !position[channel].isNaN else { return false }
         if width.value == position[channel] {
             stopMotion(channel)
@@ -462,6 +477,7 @@ struct ServoEngine {
 
     private mutating func stopMotion(_ channel: Int) {
         velocity[channel] = 0
+        timedSpeed[channel] = .nan
         if moving[channel] {
             moving[channel] = false
             movingCount -= 1
@@ -502,9 +518,11 @@ struct ServoEngine {
         let distance = target - here
         guard distance != 0 else { return stopMotion(channel) }
         let direction: Double = distance > 0 ? 1 : -1
-        let top = limits.speed ?? .infinity
+        // A timed move goes at its own steady speed, so it ends on time.
+        let timed = !timedSpeed[channel].isNaN
+        let top = timed ? timedSpeed[channel] : limits.speed ?? .infinity
         var speed: Double
-        if let acceleration = limits.acceleration {
+        if !timed, let acceleration = limits.acceleration {
             let perStep = acceleration * dt
             let stoppable = perStep * (((1 + 8 * abs(distance) / (perStep * dt)).squareRoot() - 1) / 2)
             let wanted = direction * min(top, stoppable)

@@ -228,8 +228,8 @@ public final class ServoPath: @unchecked Sendable {
     /// Applies a SERVO_VAL or PWM_VAL to `channel`; returns false when the
     /// channel is not configured.
     @discardableResult
-    public func submit(_ command: LastCommand, channel: Int, receivedAt: ContinuousClock.Instant = .now) -> Bool {
-        update { $0.submit(command, channel: channel, receivedAt: receivedAt) }
+    public func submit(_ command: LastCommand, channel: Int, receivedAt: ContinuousClock.Instant = .now, over: Duration? = nil) -> Bool {
+        update { $0.submit(command, channel: channel, receivedAt: receivedAt, over: over) }
     }
 
     /// ANALOG_OUT_EN: a stopped channel outputs nothing but keeps its value.

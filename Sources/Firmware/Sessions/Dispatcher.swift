@@ -60,11 +60,13 @@ public final class Dispatcher: @unchecked Sendable {
     /// - Parameter central: the session id of the central it came from (nil
     ///   for the control socket): an accepted output command makes that
     ///   central the output's commander.
-    public func handle(_ event: DecoderEvent, receivedAt: ContinuousClock.Instant, central: Int? = nil) -> Message? {
+    /// - Parameter over: a timed move for the servo and PWM values among
+    ///   them (`blecontrol servo --over`), nil for the channel's own limits.
+    public func handle(_ event: DecoderEvent, receivedAt: ContinuousClock.Instant, central: Int? = nil, over: Duration? = nil) -> Message? {
         switch event {
         case .message(let message):
             counters.frames += 1
-            guard apply(message, receivedAt: receivedAt) else {
+            guard apply(message, receivedAt: receivedAt, over: over) else {
                 counters.errors += 1
                 return .error(command: message.command.rawValue)
             }
@@ -83,7 +85,7 @@ public final class Dispatcher: @unchecked Sendable {
         case .provisional(let message):
             // Text shown while its frame's end is still open: applied, not
             // counted, never answered (the frame's message follows).
-            _ = apply(message, receivedAt: receivedAt)
+            _ = apply(message, receivedAt: receivedAt, over: over)
             return nil
         }
     }
@@ -154,7 +156,7 @@ public final class Dispatcher: @unchecked Sendable {
     }
 
     /// Returns false when the message cannot be executed on this board.
-    private func apply(_ message: Message, receivedAt: ContinuousClock.Instant) -> Bool {
+    private func apply(_ message: Message, receivedAt: ContinuousClock.Instant, over: Duration?) -> Bool {
         switch message {
         case .initialize:
             // Outputs keep their values; the session resets its own state.
@@ -162,9 +164,9 @@ public final class Dispatcher: @unchecked Sendable {
         case .enable(let channel, let on):
             return servo?.setEnabled(on, channel: Int(channel), receivedAt: receivedAt) ?? false
         case .servo(let channel, let value):
-            return servo?.submit(.servo(value), channel: Int(channel), receivedAt: receivedAt) ?? false
+            return servo?.submit(.servo(value), channel: Int(channel), receivedAt: receivedAt, over: over) ?? false
         case .pwm(let channel, let value):
-            return servo?.submit(.pwm(value), channel: Int(channel), receivedAt: receivedAt) ?? false
+            return servo?.submit(.pwm(value), channel: Int(channel), receivedAt: receivedAt, over: over) ?? false
         case .lcdText(let line, let text):
             guard let lcd, Int(line) < lcd.rows else { return false }
             lcd.setLine(Int(line), text: text)

@@ -63,6 +63,9 @@ public final class Session: @unchecked Sendable {
     public let peer: String
     public let connectedAt: ContinuousClock.Instant
     public private(set) var counters = Counters()
+    /// A timed move for the values this session sends now (the control
+    /// socket's `over_ms`); nil: the channels' own limits.
+    public var moveDuration: Duration?
     private var budget = ReplyBudget()
     private var decoder: FrameDecoder
     private let dispatcher: Dispatcher
@@ -155,7 +158,7 @@ public final class Session: @unchecked Sendable {
             if case .partialFrameDiscarded = error {} else { counters.errors += 1 }
         case .provisional: break
         }
-        let reply = dispatcher.handle(event, receivedAt: now, central: transport.isCentral ? id : nil)
+        let reply = dispatcher.handle(event, receivedAt: now, central: transport.isCentral ? id : nil, over: moveDuration)
         if case .message = event {
             if reply == nil { counters.accepted += 1 } else { counters.errors += 1 }
         }
