@@ -148,6 +148,22 @@ public final class StreamConnection: @unchecked Sendable {
     }
 }
 
+/// The slots of a listener that silent connections may hold: the ones
+/// that have not yet said anything (no frame, no request) never take the
+/// last `reserved` of `capacity`, so they cannot lock out a client that
+/// talks. When a new connection comes and they already hold their share,
+/// the oldest of them makes way.
+public enum ReservedSlots {
+    /// The waiting connection to close so one more may wait beside the
+    /// others (the oldest), or nil while they hold fewer than
+    /// `capacity - reserved` (at least one) slots.
+    public static func evictee<C: Collection>(waiting: C, capacity: Int, reserved: Int,
+                                              acceptedAt: (C.Element) -> ContinuousClock.Instant) -> C.Element? {
+        guard waiting.count >= max(1, capacity - reserved) else { return nil }
+        return waiting.min { acceptedAt($0) < acceptedAt($1) }
+    }
+}
+
 /// Accepts connections on a listening socket, fairly and safely:
 /// - at most `acceptsPerRound` per loop round, so a connection storm does
 ///   not starve the peers already connected;

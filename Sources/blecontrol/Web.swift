@@ -456,8 +456,8 @@ final class WebServer: @unchecked Sendable {
 
     fileprivate func accept(_ fd: CInt) {
         let waiting = connections.values.filter(\.isReadingHead)
-        if waiting.count >= WebServer.maximumConnections - WebServer.reservedForRequests,
-           let oldest = waiting.min(by: { $0.acceptedAt < $1.acceptedAt }) {
+        if let oldest = ReservedSlots.evictee(waiting: waiting, capacity: WebServer.maximumConnections, reserved: WebServer.reservedForRequests,
+                                              acceptedAt: \.acceptedAt) {
             oldest.close()
         }
         let connection = WebConnection(fd: fd, loop: loop, site: site, hosts: hosts, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in

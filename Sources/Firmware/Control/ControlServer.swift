@@ -104,7 +104,7 @@ public final class ControlServer: @unchecked Sendable {
         let client = Client(connection: StreamConnection(fd: fd, loop: loop), trusted: uid == 0 || uid == getuid(), uid: uid, acceptedAt: loop.now)
         let key = ObjectIdentifier(client)
         let silent = clients.values.filter { $0.deadline != nil }
-        if silent.count >= Self.maxConnections - Self.reservedForRequests, let oldest = silent.min(by: { $0.acceptedAt < $1.acceptedAt }) {
+        if let oldest = ReservedSlots.evictee(waiting: silent, capacity: Self.maxConnections, reserved: Self.reservedForRequests, acceptedAt: \.acceptedAt) {
             oldest.connection.close(reason: "no request; making way for a new connection")
         }
         client.deadline = loop.schedule(after: Self.requestDeadline) { [weak client] in

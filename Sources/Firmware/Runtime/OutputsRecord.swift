@@ -4,6 +4,7 @@ import Glibc
 import Board
 import Logging
 import Reactor
+import SystemPackage
 
 /// Where the daemon keeps its ``DrivenOutputs`` record, and how it is
 /// written and believed. The record is the crash cleanup's first source, so
@@ -26,19 +27,21 @@ public enum OutputsRecord {
         try checkDirectory(directory)
         let temporary = "\(path).new-\(getpid())"
         // O_EXCL | O_NOFOLLOW: never through a link, never someone's file.
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw Refusal(description: "cannot create \(temporary): \(lastError())") }
-        let bytes = Array(outputs.record.utf8)
-        var written = 0
         var failure: String?
-        while written < bytes.count {
-            let n = bytes[written...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if n < 0, errno == EINTR { continue }
-            guard n > 0 else { failure = "write: \(lastError())"; break }
-            written += n
+        do {
+            let fd = try FileDescriptor.open(temporary, .writeOnly, options: [.create, .exclusiveCreate, .noFollow, .closeOnExec],
+                                             permissions: [.ownerReadWrite, .groupRead, .otherRead])
+            // writeAll retries short writes and EINTR.
+            do {
+                _ = try fd.writeAll(Array(outputs.record.utf8))
+                if fsync(fd.rawValue) != 0 { failure = "fsync: \(lastError())" }
+            } catch {
+                failure = "write: \(error)"
+            }
+            try? fd.close()
+        } catch {
+            throw Refusal(description: "cannot create \(temporary): \(error)")
         }
-        if failure == nil, fsync(fd) != 0 { failure = "fsync: \(lastError())" }
-        close(fd)
         if failure == nil, rename(temporary, path) != 0 { failure = "rename: \(lastError())" }
         if let failure {
             unlink(temporary)

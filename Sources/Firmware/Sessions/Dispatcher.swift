@@ -40,6 +40,13 @@ public final class Dispatcher: @unchecked Sendable {
     /// Output commands from centrals accepted since start: a frame that
     /// moved this is one that commanded an output (what ends a failsafe).
     public private(set) var centralCommands = 0
+    /// Outputs whose commander became another central since
+    /// ``clearNewlyTaken()``: what a central took over with its last write
+    /// (usually none: the same central goes on commanding its own).
+    public private(set) var newlyTaken: [Output] = []
+
+    /// Starts a new ``newlyTaken`` (keeping its storage: no allocation per write).
+    public func clearNewlyTaken() { newlyTaken.removeAll(keepingCapacity: true) }
 
     public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
         self.servo = servo
@@ -71,6 +78,7 @@ public final class Dispatcher: @unchecked Sendable {
                 return .error(command: message.command.rawValue)
             }
             if let central, let output = Self.output(of: message) {
+                if commanders[output] != central { newlyTaken.append(output) }
                 commanders[output] = central
                 centralCommands += 1
             }

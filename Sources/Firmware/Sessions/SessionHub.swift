@@ -82,7 +82,7 @@ public final class SessionHub: @unchecked Sendable {
         let now = loop.now
         let before = session.counters
         let commandsBefore = dispatcher.centralCommands
-        let ownedBefore = session.transport.isCentral ? Set(dispatcher.outputs(commandedBy: session.id)) : []
+        dispatcher.clearNewlyTaken()
         session.receive(bytes, at: now)
         if session.counters.frames != before.frames {
             if session.transport.isCentral, dispatcher.commands(session.id) {
@@ -96,7 +96,9 @@ public final class SessionHub: @unchecked Sendable {
         // after a frame that drew an ERROR): a central that is gone is not
         // in control, whatever it sent last.
         if dispatcher.centralCommands != commandsBefore, session.transport.isCentral, open[session.id] != nil {
-            onCentralInControl?(session, Set(dispatcher.outputs(commandedBy: session.id)).subtracting(ownedBefore))
+            // What it took over with this write: usually nothing (an empty
+            // set allocates nothing), so a stream of writes costs no sets.
+            onCentralInControl?(session, dispatcher.newlyTaken.isEmpty ? [] : Set(dispatcher.newlyTaken))
         }
         rearm(session)
     }

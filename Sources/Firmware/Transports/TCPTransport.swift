@@ -150,10 +150,9 @@ public final class TCPTransport: @unchecked Sendable {
     /// Connections that have not shown a frame's head may not fill the
     /// slots kept for centrals: the oldest of them goes for the new one.
     private func makeRoomForOneMoreWithoutHead() {
-        let cap = max(1, maxConnections - Self.reservedForCentrals)
-        let waiting = connections.filter { $0.value.session == nil }
-        guard waiting.count >= cap, let oldest = waiting.min(by: { $0.value.acceptedAt < $1.value.acceptedAt }) else { return }
-        closeSilent(oldest.value, why: "evicted: \(waiting.count) connections without a frame")
+        let waiting = connections.values.filter { $0.session == nil }
+        guard let oldest = ReservedSlots.evictee(waiting: waiting, capacity: maxConnections, reserved: Self.reservedForCentrals, acceptedAt: \.acceptedAt) else { return }
+        closeSilent(oldest, why: "evicted: \(waiting.count) connections without a frame")
     }
 
     private func closeIfNoHead(_ key: ObjectIdentifier) {
