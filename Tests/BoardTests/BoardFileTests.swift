@@ -76,42 +76,23 @@ struct BoardFileTests {
 
     @Test("Motion limits: speed_us_per_s and accel_us_per_s2 on servo and ESC channels; a PWM channel or a bad number is named")
     func motionLimits() throws {
-        let board = try BoardFile.parse(minimal + """
-
-        servo:
-          channels:
-            - { channel: 0, speed_us_per_s: 500, accel_us_per_s2: 2000 }
-            - { channel: 1, role: esc, speed_us_per_s: 250 }
-            - { channel: 2 }
-        """, path: "t.yaml")
-        let channels = try #require(board.servo?.channels)
-        #expect(channels.map(\.motion) == [MotionLimits(speed: 500, acceleration: 2000), MotionLimits(speed: 250), MotionLimits()])
-        #expect(channels[2].motion.isUnlimited)
-        let refused = problems(minimal + """
-
-        servo:
-          channels:
-            - { channel: 4, role: pwm, speed_us_per_s: 100 }
-            - { channel: 5, accel_us_per_s2: 0 }
-        """)
+        /// A board with these channels, one YAML flow mapping each.
+        func channels(_ items: String...) -> String {
+            minimal + "\nservo:\n  channels:\n" + items.map { "    - \($0)\n" }.joined()
+        }
+        let parsed = try #require(try BoardFile.parse(channels("{ channel: 0, speed_us_per_s: 500, accel_us_per_s2: 2000 }",
+                                                              "{ channel: 1, role: esc, speed_us_per_s: 250 }", "{ channel: 2 }"),
+                                                     path: "t.yaml").servo?.channels)
+        #expect(parsed.map(\.motion) == [MotionLimits(speed: 500, acceleration: 2000), MotionLimits(speed: 250), MotionLimits()])
+        #expect(parsed[2].motion.isUnlimited)
+        let refused = problems(channels("{ channel: 4, role: pwm, speed_us_per_s: 100 }", "{ channel: 5, accel_us_per_s2: 0 }"))
         #expect(refused.map(\.field) == ["servo.channels[0].speed_us_per_s", "servo.channels[1].accel_us_per_s2"], "\(refused)")
         #expect(refused.first?.message.contains("servo and esc channels") == true, "\(refused)")
-        let startAndRelease = try BoardFile.parse(minimal + """
-
-        servo:
-          channels:
-            - { channel: 0, start_us: 1500, release_after_ms: 2000 }
-            - { channel: 1, role: esc, start_us: 1000 }
-        """, path: "t.yaml").servo?.channels
+        let startAndRelease = try BoardFile.parse(channels("{ channel: 0, start_us: 1500, release_after_ms: 2000 }",
+                                                           "{ channel: 1, role: esc, start_us: 1000 }"), path: "t.yaml").servo?.channels
         #expect(startAndRelease?.map(\.start) == [Microseconds(1500), Microseconds(1000)])
         #expect(startAndRelease?.map(\.releaseAfter) == [.milliseconds(2000), nil])
-        let badRelease = problems(minimal + """
-
-        servo:
-          channels:
-            - { channel: 1, role: esc, release_after_ms: 100 }
-            - { channel: 2, start_us: 2500 }
-        """)
+        let badRelease = problems(channels("{ channel: 1, role: esc, release_after_ms: 100 }", "{ channel: 2, start_us: 2500 }"))
         #expect(badRelease.map(\.field) == ["servo.channels[0].release_after_ms", "servo.channels[1].start_us"], "\(badRelease)")
     }
 

@@ -411,17 +411,37 @@ struct ServoEngine {
 
     /// Ends ESC dwells that are due; returns the next dwell deadline, if any.
     private mutating func expireDwells(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        expire(\.dwellUntil, at: now) { engine, channel in
+            engine.stopMotion(channel)
+            engine.channels[channel]?.enabled = false
+            engine.channels[channel]?.output = nil
+            engine.markDirty(channel, receivedAt: nil)
+        }
+    }
+
+    /// Lets go of the still servos whose release is due (their pulses stop
+    /// at the next write: the chip ends the period it is in, §7.3.3);
+    /// returns the next release due.
+    private mutating func expireReleases(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        expire(\.releaseAt, at: now) { engine, channel in
+            guard !engine.moving[channel], engine.channels[channel]?.enabled == true else { return }
+            engine.channels[channel]?.released = true
+            engine.dirty[channel] = true
+        }
+    }
+
+    /// Runs `due` for each channel whose instant in `deadlines` has come
+    /// (clearing it); returns the earliest still to come.
+    private mutating func expire(_ deadlines: WritableKeyPath<ServoEngine, [ContinuousClock.Instant?]>, at now: ContinuousClock.Instant,
+                                 _ due: (inout ServoEngine, Int) -> Void) -> ContinuousClock.Instant? {
         var next: ContinuousClock.Instant?
         for channel in configured {
-            guard let until = dwellUntil[channel] else { continue }
-            if until <= now {
-                dwellUntil[channel] = nil
-                stopMotion(channel)
-                channels[channel]?.enabled = false
-                channels[channel]?.output = nil
-                markDirty(channel, receivedAt: nil)
+            guard let instant = self[keyPath: deadlines][channel] else { continue }
+            if instant <= now {
+                self[keyPath: deadlines][channel] = nil
+                due(&self, channel)
             } else {
-                next = min(next ?? until, until)
+                next = Self.earliest(next, instant)
             }
         }
         return next
@@ -432,25 +452,6 @@ struct ServoEngine {
         guard let a else { return b }
         guard let b else { return a }
         return min(a, b)
-    }
-
-    /// Lets go of the still servos whose release is due (their pulses stop
-    /// at the next write: the chip ends the period it is in, §7.3.3);
-    /// returns the next release due.
-    private mutating func expireReleases(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
-        var next: ContinuousClock.Instant?
-        for channel in configured {
-            guard let due = releaseAt[channel] else { continue }
-            if due <= now {
-                releaseAt[channel] = nil
-                guard !moving[channel], channels[channel]?.enabled == true else { continue }
-                channels[channel]?.released = true
-                dirty[channel] = true
-            } else {
-                next = Self.earliest(next, due)
-            }
-        }
-        return next
     }
 
     // MARK: Motion
