@@ -94,9 +94,8 @@ struct ServoEngine {
         timedSpeed = Array(repeating: .nan, count: Self.channelSlots)
         releaseAt = Array(repeating: nil, count: Self.channelSlots)
         batch.reserveCapacity(Self.channelSlots)
-        for configuration in configurations where configuration.start != nil && (0..<Self.channelSlots).contains(configuration.channel) {
-            dirty[configuration.channel] = true
-        }
+        // A start position is written at once, like any value.
+        for channel in configured where table[channel]?.configuration.start != nil { dirty[channel] = true }
     }
 
     /// A channel as the board starts it: stopped with no value, or, with
@@ -138,8 +137,7 @@ struct ServoEngine {
         channels[channel] = state
         timedSpeed[channel] = .nan
         if let over, over > .zero, state.configuration.role != .pwm, case .pulse(let width)? = state.output, !position[channel].isNaN {
-            let seconds = Double(over.components.seconds) + Double(over.components.attoseconds) / 1e18
-            let speed = abs(width.value - position[channel]) / seconds
+            let speed = abs(width.value - position[channel]) / over.inSeconds
             timedSpeed[channel] = min(speed, state.configuration.motion.speed ?? .infinity)
         }
         if startsMotion(channel) {
@@ -496,7 +494,7 @@ struct ServoEngine {
         guard now >= tick else { return tick }
         let period = timing.period
         let steps = min(1 + Int(((now - tick) / period).rounded(.down)), 50)
-        let dt = Double(period.components.seconds) + Double(period.components.attoseconds) / 1e18
+        let dt = period.inSeconds
         for channel in configured where moving[channel] {
             for _ in 0..<steps where moving[channel] { step(channel, dt: dt) }
             dirty[channel] = true
