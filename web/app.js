@@ -1,6 +1,8 @@
 // The control page: the original demo app's screen (4 servo sliders, 4 PWM
-// sliders, 4 switches, 2 LCD lines) over Web Bluetooth, with the app's
-// write types and a log of every byte sent and every ERROR received.
+// sliders, 4 switches, 2 LCD lines) over Web Bluetooth, or through the
+// server's bridge (a WebSocket to the board's daemon) where Bluetooth is not
+// there, with the app's write types and a log of every byte sent and every
+// ERROR received.
 (function () {
   'use strict';
 
@@ -26,6 +28,23 @@
   };
 
   let device = null;
+  // The bridge's WebSocket while connected through the server.
+  let socket = null;
+  // The token the bridge asks for: from the address blecontrol web printed,
+  // kept for this tab only and taken out of the address bar.
+  const token = (() => {
+    const given = new URLSearchParams(location.search).get('token');
+    try {
+      if (given) {
+        sessionStorage.setItem('blecontrol-token', given);
+        history.replaceState(null, '', location.pathname);
+      }
+      return given || sessionStorage.getItem('blecontrol-token');
+    } catch (error) {
+      return given;
+    }
+  })();
+  const bridgeAvailable = (location.protocol === 'http:' || location.protocol === 'https:') && !!token;
   let leaving = false;
   // Counts connections and disconnections: an answer that arrives after
   // either belongs to a connection that is gone.
@@ -104,7 +123,8 @@
    */
   class Writer {
     constructor() {
-      this.characteristic = null;
+      // { write(data, response) → Promise, withoutResponse }: FFE1, or the bridge.
+      this.link = null;
       this.queue = [];
       this.busy = false;
       // A board with ble.acknowledged_writes offers no write without
@@ -112,27 +132,27 @@
       this.withoutResponse = true;
     }
 
-    attach(characteristic) {
-      this.characteristic = characteristic;
-      this.withoutResponse = characteristic.properties.writeWithoutResponse;
+    attach(link) {
+      this.link = link;
+      this.withoutResponse = link.withoutResponse;
       this.queue = [];
     }
 
     detach() {
-      this.characteristic = null;
+      this.link = null;
       for (const entry of this.queue) entry.reject(new Error('disconnected'));
       this.queue = [];
     }
 
     /** Queues `build` under `key` unless that key is already waiting. */
     coalesce(key, build, response) {
-      if (!this.characteristic || this.queue.some((entry) => entry.key === key)) return;
+      if (!this.link || this.queue.some((entry) => entry.key === key)) return;
       this.push({ key, build, response }).catch(() => {});
     }
 
     /** Queues one write of its own; resolves once it is written. */
     send(bytes, response, note) {
-      if (!this.characteristic) return Promise.reject(new Error('not connected'));
+      if (!this.link) return Promise.reject(new Error('not connected'));
       return this.push({ key: null, build: () => ({ bytes, note }), response });
     }
 
@@ -149,7 +169,7 @@
       if (this.busy) return;
       this.busy = true;
       try {
-        while (this.queue.length && this.characteristic) {
+        while (this.queue.length && this.link) {
           const entry = this.queue.shift();
           const built = entry.build();
           if (!built || !built.bytes.length) {
@@ -160,8 +180,7 @@
           const data = new Uint8Array(built.bytes);
           log('tx', built.note + (response ? ' · with response' : ' · without response'), built.bytes, { type: response ? 'request' : 'command' });
           try {
-            if (response) await this.characteristic.writeValueWithResponse(data);
-            else await this.characteristic.writeValueWithoutResponse(data);
+            await this.link.write(data, response);
             entry.resolve();
           } catch (error) {
             log('error', 'write failed: ' + error.message);
@@ -239,6 +258,7 @@
       input.value = String(values[i]);
       show();
       input.addEventListener('input', () => {
+        touch(kind + channel);
         values[i] = Number(input.value);
         show();
         request();
@@ -253,6 +273,7 @@
     const input = $('switch' + index);
     input.checked = state.switches[index];
     input.addEventListener('change', () => {
+      touch('switch' + index);
       state.switches[index] = input.checked;
       state.dirtySwitches.add(index);
       requestSwitches();
@@ -262,6 +283,7 @@
   [0, 1].forEach((line) => {
     $('lcd' + line + '-form').addEventListener('submit', (event) => {
       event.preventDefault();
+      touch('lcd' + line);
       state.lcd[line] = $('lcd' + line).value;
       requestLine(line);
     });
@@ -272,6 +294,7 @@
   });
 
   $('outputs').addEventListener('change', (event) => {
+    touch('outputs');
     setOutputs(event.target.checked).catch(() => {});
   });
 
@@ -352,19 +375,41 @@
   // ---------------------------------------------------------- connection
 
   const connectButton = $('connect');
+  const bridgeButton = $('connect-bridge');
+  // 'bluetooth' or 'bridge': the way the page is (or was last) connected.
+  let via = null;
+  // Whether Web Bluetooth can be used here (checkSupport says).
+  let bluetoothWorks = false;
+  // Whether the notice on Bluetooth's absence is up (checkSupport).
+  let noticeShown = false;
 
   function setState(name, text, boardName) {
     document.body.dataset.state = name;
     const connected = name === 'connected';
+    const busy = connected || name === 'connecting';
     for (const fieldset of document.querySelectorAll('fieldset.needs-board')) fieldset.disabled = !connected;
-    connectButton.textContent = connected ? 'Disconnect' : name === 'connecting' ? 'Connecting…' : 'Connect';
-    connectButton.disabled = name === 'connecting' || name === 'unsupported';
+    // While connected one way, the other way's button goes.
+    connectButton.hidden = (busy && via === 'bridge') || (!bluetoothWorks && bridgeAvailable);
+    bridgeButton.hidden = !bridgeAvailable || (busy && via === 'bluetooth');
+    const label = (button, idle) => {
+      button.textContent = connected ? 'Disconnect' : name === 'connecting' ? 'Connecting…' : idle;
+    };
+    label(connectButton, 'Connect over Bluetooth');
+    label(bridgeButton, 'Connect through this server');
+    // Why Bluetooth is not there matters less once the page works without it.
+    if (noticeShown) $('unsupported').hidden = connected && via === 'bridge';
+    connectButton.disabled = name === 'connecting' || !bluetoothWorks;
+    bridgeButton.disabled = name === 'connecting';
     if (text) announce(text, boardName);
   }
 
   function onNotification(event) {
     const view = event.target.value;
-    const bytes = Array.from(new Uint8Array(view.buffer, view.byteOffset, view.byteLength));
+    received(Array.from(new Uint8Array(view.buffer, view.byteOffset, view.byteLength)));
+  }
+
+  /** Bytes the board sent: a notification, or a bridge message. */
+  function received(bytes) {
     for (const frame of decoder.push(bytes)) {
       const text = P.describeReply(frame);
       const isError = frame.command === P.Command.ERROR;
@@ -375,13 +420,20 @@
 
   function onDisconnected() {
     writer.detach();
+    if (socket) {
+      const closing = socket;
+      socket = null;
+      closing.onclose = null;
+      closing.close();
+      for (const pending of answers.splice(0)) pending.reject(new Error('disconnected'));
+    }
     $('alert').hidden = true;
     $('board').textContent = '';
     showNames(null);
     generation += 1;
     decoder.reset();
     log('info', leaving ? 'disconnected' : 'the board went away');
-    setState('disconnected', leaving ? 'Not connected' : 'Connection lost: ' + (device ? device.name : 'the board') + ' went away');
+    setState('disconnected', leaving ? 'Not connected' : 'Connection lost: ' + (via === 'bridge' ? 'the server' : device ? device.name : 'the board') + ' went away');
     leaving = false;
   }
 
@@ -403,6 +455,7 @@
   }
 
   async function connect() {
+    via = 'bluetooth';
     setState('connecting', 'Choose the board in the browser’s list…');
     let chosen;
     try {
@@ -430,7 +483,10 @@
         characteristic.addEventListener('characteristicvaluechanged', onNotification);
         await characteristic.startNotifications();
       }
-      writer.attach(characteristic);
+      writer.attach({
+        withoutResponse: characteristic.properties.writeWithoutResponse,
+        write: (data, response) => response ? characteristic.writeValueWithResponse(data) : characteristic.writeValueWithoutResponse(data),
+      });
       log('info', 'connected to ' + name);
       if (!writer.withoutResponse) {
         log('info', 'this board acknowledges every write (ble.acknowledged_writes): servo, PWM and switch values go with response');
@@ -463,7 +519,7 @@
     } catch (error) {
       // Disconnect anyway; the board's failsafe covers the outputs.
     }
-    if (device && device.gatt.connected) device.gatt.disconnect();
+    if (via === 'bluetooth' && device && device.gatt.connected) device.gatt.disconnect();
     else onDisconnected();
   }
 
@@ -471,6 +527,144 @@
     if (document.body.dataset.state === 'connected') disconnect();
     else connect();
   });
+
+  bridgeButton.addEventListener('click', () => {
+    if (document.body.dataset.state === 'connected') disconnect();
+    else connectBridge();
+  });
+
+  // ------------------------------------------------------------- bridge
+
+  // Resolvers of the writes sent through the bridge, in order: each is
+  // answered by {"applied": …} once the board has applied it.
+  const answers = [];
+  // When each control was last moved here: the board's state does not
+  // move it back for a moment (the write may still be on its way).
+  const touched = new Map();
+  const HOLD_MS = 1500;
+
+  function touch(key) {
+    touched.set(key, Date.now());
+  }
+
+  function held(key) {
+    return Date.now() - (touched.get(key) || 0) < HOLD_MS;
+  }
+
+  /**
+   * Connects through the server: a WebSocket to its bridge, which opens the
+   * board's daemon as a central. The board sees one more central; closing
+   * the tab is that central leaving.
+   */
+  function connectBridge() {
+    via = 'bridge';
+    setState('connecting', 'Connecting through ' + location.host + '…');
+    const url = (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/bridge?token=' + encodeURIComponent(token);
+    const opened = new WebSocket(url);
+    opened.binaryType = 'arraybuffer';
+    socket = opened;
+    let ready = false;
+    opened.onopen = async () => {
+      decoder.reset();
+      writer.attach({
+        // The bridge applies each write before answering, like a write
+        // with response; the board's replies arrive as binary messages.
+        withoutResponse: true,
+        write: (data) => new Promise((resolve, reject) => {
+          if (opened.readyState !== WebSocket.OPEN) return reject(new Error('not connected'));
+          answers.push({ resolve, reject });
+          opened.send(data);
+        }),
+      });
+      log('info', 'connected through ' + location.host);
+      try {
+        await setOutputs(true);
+        $('outputs').checked = true;
+        ready = true;
+        generation += 1;
+        setState('connected', 'Connected through ' + location.host + ' to ', $('board').textContent || 'the board');
+      } catch (error) {
+        log('error', 'starting the outputs failed: ' + error.message);
+      }
+    };
+    opened.onmessage = (event) => {
+      if (event.data instanceof ArrayBuffer) return received(Array.from(new Uint8Array(event.data)));
+      let message;
+      try {
+        message = JSON.parse(event.data);
+      } catch (error) {
+        return;
+      }
+      if (message && typeof message.applied === 'boolean') {
+        const pending = answers.shift();
+        if (pending) pending.resolve();
+      } else if (message && message.state) {
+        showState(message.state);
+      }
+    };
+    opened.onclose = (event) => {
+      if (socket !== opened) return;
+      if (!ready && !leaving) {
+        socket = null;
+        writer.detach();
+        for (const pending of answers.splice(0)) pending.reject(new Error('disconnected'));
+        log('error', 'the bridge refused or closed' + (event.reason ? ': ' + event.reason : '') + ' (code ' + event.code + ')');
+        setState('disconnected', 'Could not connect through ' + location.host + (event.code === 1006 ? ': refused (is the token right? is blecontrold running?)' : ''));
+        return;
+      }
+      onDisconnected();
+    };
+  }
+
+  /** Puts the board's state (whoever set it) on the controls not just moved here. */
+  function showState(board) {
+    if (typeof board.board === 'string' && $('board').textContent !== board.board) {
+      $('board').textContent = board.board;
+      if (document.body.dataset.state === 'connected') announce('Connected through ' + location.host + ' to ', board.board);
+      const asked = generation;
+      loadNames(asked, board.board);
+    }
+    const channels = new Map((Array.isArray(board.channels) ? board.channels : []).map((entry) => [entry.channel, entry]));
+    const follow = (kind, list, values, text, command) => list.forEach((channel, i) => {
+      const entry = channels.get(channel);
+      if (!entry || entry.command !== command || !Number.isInteger(entry.value) || held(kind + channel)) return;
+      const value = Math.max(0, Math.min(1000, entry.value));
+      if (values[i] === value) return;
+      values[i] = value;
+      const input = $(kind + channel);
+      input.value = String(value);
+      $(kind + channel + '-value').textContent = text(value);
+      input.setAttribute('aria-valuetext', text(value));
+    });
+    follow('servo', SERVO_CHANNELS, state.servo, servoText, 'servo');
+    follow('pwm', PWM_CHANNELS, state.pwm, pwmText, 'pwm');
+    if (!held('outputs')) {
+      const analog = ANALOG_CHANNELS.map((channel) => channels.get(channel)).filter(Boolean);
+      if (analog.length) $('outputs').checked = analog.every((entry) => entry.enabled);
+    }
+    for (const entry of Array.isArray(board.switches) ? board.switches : []) {
+      const index = SWITCHES.indexOf(entry.switch);
+      if (index < 0 || held('switch' + index) || state.dirtySwitches.has(index)) continue;
+      state.switches[index] = !!entry.on;
+      $('switch' + index).checked = !!entry.on;
+    }
+    (Array.isArray(board.lcd) ? board.lcd : []).slice(0, 2).forEach((text, line) => {
+      const input = $('lcd' + line);
+      if (typeof text !== 'string' || document.activeElement === input || held('lcd' + line)) return;
+      input.value = text.replace(/\s+$/, '');
+      state.lcd[line] = input.value;
+    });
+    const failsafe = typeof board.failsafe === 'string' ? board.failsafe : '';
+    if (failsafe !== shownFailsafe) {
+      shownFailsafe = failsafe;
+      if (failsafe) log('error', 'FAILSAFE: ' + failsafe);
+      else log('info', 'the failsafe ended');
+    }
+    $('failsafe').hidden = !failsafe;
+    $('failsafe').textContent = failsafe ? 'Failsafe: ' + failsafe + '. A command ends it.' : '';
+  }
+
+  let shownFailsafe = '';
 
   // ---------------------------------------------------------- support
 
@@ -488,13 +682,19 @@
         reason = 'adapter';
       }
     }
+    bluetoothWorks = !reason;
     if (!reason) {
       setState('disconnected', 'Not connected');
       return;
     }
     for (const part of notice.querySelectorAll('[data-reason]')) part.hidden = part.dataset.reason !== reason;
+    const servedHere = location.protocol === 'http:' || location.protocol === 'https:';
+    notice.querySelector('[data-bridge="available"]').hidden = !bridgeAvailable;
+    notice.querySelector('[data-bridge="token"]').hidden = bridgeAvailable || !servedHere;
     notice.hidden = false;
-    setState('unsupported', 'Bluetooth is not available on this page');
+    noticeShown = true;
+    if (bridgeAvailable) setState('disconnected', 'Not connected (Bluetooth is not available here: connect through this server)');
+    else setState('unsupported', 'Bluetooth is not available on this page');
   }
 
   checkSupport();

@@ -27,10 +27,19 @@ public final class ControlClient {
     /// of the process that listens on it (SO_PEERCRED), must each be root,
     /// this process's user or the service's (``serviceUser``).
     public init(path: String, timeout: Duration = .seconds(5)) throws {
+        fd = try Self.connectTrusted(path: path)
+        Sockets.setReceiveTimeout(fd, timeout)
+    }
+
+    /// Connects to the control socket at `path` (blocking), refusing one
+    /// whose file or listening process belongs to a user this process must
+    /// not trust (``trusts(owner:)``): the check every client makes.
+    public static func connectTrusted(path: String) throws(Failure) -> FileDescriptor {
         var info = stat()
         if lstat(path, &info) == 0, let refusal = Self.refusal(path: path, owner: info.st_uid, what: "the socket file belongs to") {
             throw Failure(description: refusal, refused: true)
         }
+        let fd: FileDescriptor
         do {
             fd = try Sockets.connectUnix(path: path)
         } catch {
@@ -44,7 +53,7 @@ public final class ControlClient {
             try? fd.close()
             throw Failure(description: refusal, refused: true)
         }
-        Sockets.setReceiveTimeout(fd, timeout)
+        return fd
     }
 
     /// The account the installed service runs as (its unit's User=):

@@ -4,7 +4,7 @@
 /// Requests: `{"op":"status"}`, `{"op":"poll"}`, `{"op":"send","hex":"02030001f4"}`,
 /// `{"op":"pulse","channel":0,"us":1500}` (`send` and `pulse` take
 /// `"over_ms":1500` too: a timed move), `{"op":"forget-bonds"}`,
-/// `{"op":"clear-failsafe"}`.
+/// `{"op":"clear-failsafe"}`, `{"op":"central","peer":"127.0.0.1:50312"}`.
 /// Responses: `{"ok":true,"status":{…}}`, `{"ok":true,"poll":{…}}`,
 /// `{"ok":true,"replies":"ff0109"}` (the frames the board sent back, hex),
 /// `{"ok":true,"forgotten":["AA:BB:…"]}`, or `{"ok":false,"error":"…"}`.
@@ -26,7 +26,16 @@ public enum ControlProtocol {
         /// End the failsafe on purpose, as the operator at the board
         /// (outputs stay where it put them until a command moves them).
         case clearFailsafe = "clear-failsafe"
+        /// From now on this connection is a central (transport `web`, as
+        /// `peer` names it), not the CLI: its frames keep the board out of
+        /// failsafe, and its going away is a central leaving. For
+        /// `blecontrol web`'s bridge; answered `{"ok":true}`.
+        case central
     }
+
+    /// The most characters `central`'s `peer` may have (it is shown in the
+    /// status and the log).
+    public static let maximumPeerLength = 64
 
     public struct Request: Codable, Sendable {
         public var op: Operation
@@ -37,16 +46,19 @@ public enum ControlProtocol {
         /// `send` and `pulse`: the servo and PWM values they carry move there
         /// in this many milliseconds, together (1…600000).
         public var overMs: Int?
-        public init(op: Operation, hex: String? = nil, channel: Int? = nil, us: Double? = nil, overMs: Int? = nil) {
+        /// `central`: who the central is (the browser's address).
+        public var peer: String?
+        public init(op: Operation, hex: String? = nil, channel: Int? = nil, us: Double? = nil, overMs: Int? = nil, peer: String? = nil) {
             self.op = op
             self.hex = hex
             self.channel = channel
             self.us = us
             self.overMs = overMs
+            self.peer = peer
         }
 
         enum CodingKeys: String, CodingKey {
-            case op, hex, channel, us
+            case op, hex, channel, us, peer
             case overMs = "over_ms"
         }
     }

@@ -4,6 +4,7 @@ import Glibc
 import Arguments
 import Control
 import Reactor
+import SystemPackage
 
 /// `blecontrol web`: serves the Web Bluetooth control page (web/, compiled
 /// in by scripts/embed-web) over HTTP, for a browser on this machine.
@@ -44,6 +45,7 @@ func webCommand() -> Command {
         options: [
             Command.Option("listen", value: "HOST:PORT", help: "Where to serve (default 127.0.0.1:8000; [::1]:8000 for IPv6; port 0 picks a free one). Anything but loopback serves the page to the network, as plain HTTP."),
             Command.Option("host", value: "NAME[,NAME…]", help: "More names the page may be asked for by (the Host a browser sends): a DNS name of this machine, a reverse proxy's. Loopback, the --listen address and, when listening on every address, this machine's own addresses and host name are always allowed; any other Host is refused (421), so a DNS-rebinding page cannot read the server."),
+            Command.Option("token-file", value: "PATH", help: "Keep the bridge's token in PATH (made, mode 0600, the first time), so the address stays the same across restarts; without it each run makes a new token."),
             socketOption,
         ]
     ) { arguments in
@@ -55,7 +57,8 @@ func webCommand() -> Command {
         guard let hosts = WebHosts(endpoint: endpoint, extra: extra) else {
             throw UsageError("--host must be host names or addresses, separated by commas, got \(arguments.option("host") ?? "")")
         }
-        try WebServer.serve(endpoint, hosts: hosts, names: WebNameSource(socketPath: arguments.option("socket") ?? ControlClient.defaultPath()))
+        let token = try WebAccessToken.load(arguments.option("token-file"))
+        try WebServer.serve(endpoint, hosts: hosts, names: WebNameSource(socketPath: arguments.option("socket") ?? ControlClient.defaultPath()), token: token)
     }
 }
 
@@ -213,13 +216,38 @@ struct WebSite {
     }
 }
 
+/// A request's line and the few headers the server reads.
+struct WebRequest: Equatable {
+    var method: String
+    var path: String
+    /// What follows "?" in the target ("" for none).
+    var query: String = ""
+    /// The Host and Origin headers' values, if sent (RFC 9110 §7.2,
+    /// RFC 6454 §7): read, never believed until ``WebHosts`` allows them.
+    var host: String?
+    var origin: String?
+    /// An opening WebSocket handshake (RFC 6455 §4.1): `Upgrade: websocket`
+    /// and `Connection: Upgrade` both sent.
+    var upgradesToWebSocket = false
+    var webSocketKey: String?
+    var webSocketVersion: String?
+
+    /// A query parameter's value (the first), undecoded: the page's token
+    /// is hex, and nothing else is read.
+    func parameter(_ name: String) -> String? {
+        for pair in query.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            if parts.count == 2, parts[0] == name { return String(parts[1]) }
+        }
+        return nil
+    }
+}
+
 /// What a request head says, or why it cannot be served.
 enum WebRequestHead: Equatable {
     /// More bytes are needed.
     case incomplete
-    /// `host` and `origin`: those headers' values, if sent (RFC 9110
-    /// §7.2, RFC 6454 §7).
-    case complete(method: String, path: String, host: String? = nil, origin: String? = nil)
+    case complete(WebRequest)
     /// Answer with this status and close.
     case refused(WebStatus)
 }
@@ -229,15 +257,23 @@ enum WebStatus: Int {
     case ok = 200
     case badRequest = 400
     case notFound = 404
+    case switchingProtocols = 101
+    case unauthorized = 401
     case forbidden = 403
     case methodNotAllowed = 405
     case requestTimeout = 408
     case misdirected = 421
+    case upgradeRequired = 426
     case headTooLarge = 431
+    case unavailable = 503
     case versionNotSupported = 505
 
     var reason: String {
         switch self {
+        case .switchingProtocols: return "Switching Protocols"
+        case .unauthorized: return "Unauthorized"
+        case .upgradeRequired: return "Upgrade Required"
+        case .unavailable: return "Service Unavailable"
         case .ok: return "OK"
         case .badRequest: return "Bad Request"
         case .notFound: return "Not Found"
@@ -282,12 +318,13 @@ enum WebHTTP {
         guard method == "GET" || method == "HEAD" else { return .refused(.methodNotAllowed) }
         // Origin form only ("/path?query"); the query and fragment select nothing.
         guard target.hasPrefix("/") else { return .refused(.badRequest) }
-        let path = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)[0]
-            .split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        // Host and Origin: read, never believed until WebHosts allows them.
-        // Host twice is a bad request (RFC 9112 §3.2).
-        var host: String?
-        var origin: String?
+        let withoutFragment = target.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        let pathAndQuery = withoutFragment.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        var request = WebRequest(method: method, path: String(pathAndQuery[0]), query: pathAndQuery.count > 1 ? String(pathAndQuery[1]) : "")
+        // Host twice is a bad request (RFC 9112 §3.2); so is a second
+        // WebSocket key (RFC 6455 §4.2.1 names exactly one).
+        var upgrade = false
+        var connectionUpgrade = false
         let headerLines = bytes[lineEnd..<end].split(whereSeparator: { $0 == 0x0D || $0 == 0x0A })
         for line in headerLines {
             guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { continue }
@@ -295,17 +332,33 @@ enum WebHTTP {
             let value = String(decoding: line[(colon + 1)...], as: UTF8.self).trimmed
             switch name {
             case "host":
-                if host != nil { return .refused(.badRequest) }
-                host = value
+                if request.host != nil { return .refused(.badRequest) }
+                request.host = value
             case "origin":
-                origin = value
+                request.origin = value
+            case "upgrade":
+                upgrade = upgrade || listContains(value, "websocket")
+            case "connection":
+                connectionUpgrade = connectionUpgrade || listContains(value, "upgrade")
+            case "sec-websocket-key":
+                if request.webSocketKey != nil { return .refused(.badRequest) }
+                request.webSocketKey = value
+            case "sec-websocket-version":
+                request.webSocketVersion = value
             default:
                 continue
             }
         }
+        request.upgradesToWebSocket = upgrade && connectionUpgrade
         // HTTP/1.1 requires Host (RFC 9112 §3.2); every browser sends it.
-        if version == "HTTP/1.1", host == nil { return .refused(.badRequest) }
-        return .complete(method: method, path: String(path), host: host, origin: origin)
+        if version == "HTTP/1.1", request.host == nil { return .refused(.badRequest) }
+        return .complete(request)
+    }
+
+    /// Whether a comma-separated header value (RFC 9110 §5.6.1) holds
+    /// `token`, compared without case.
+    static func listContains(_ value: String, _ token: String) -> Bool {
+        value.split(separator: ",").contains { String($0).trimmed.lowercased() == token }
     }
 
     /// The index just past the head's empty line (CRLF CRLF, or bare LF LF,
@@ -337,9 +390,10 @@ enum WebHTTP {
             return response(.requestTimeout, head: false)
         case .refused(let status):
             return response(status, head: false)
-        case .complete(let method, let path, _, _):
-            guard let asset = site.asset(for: path) else { return response(.notFound, head: method == "HEAD") }
-            return response(.ok, contentType: asset.contentType, body: asset.body, head: method == "HEAD")
+        case .complete(let request):
+            let head = request.method == "HEAD"
+            guard let asset = site.asset(for: request.path) else { return response(.notFound, head: head) }
+            return response(.ok, contentType: asset.contentType, body: asset.body, head: head)
         }
     }
 
@@ -370,23 +424,28 @@ final class WebServer: @unchecked Sendable {
     private let site: WebSite
     private let hosts: WebHosts
     private let names: WebNameSource
+    private let token: String
     fileprivate var listener: Listener?
     private var connections: [ObjectIdentifier: WebConnection] = [:]
+    private var bridges: [ObjectIdentifier: WebBridge] = [:]
+    /// Pages driving the board through the server at once.
+    static let maximumBridges = 8
     /// The daemon is asked on a thread of its own (ControlClient blocks), one
     /// request at a time; the connections waiting meanwhile share its answer.
     private var namesThread: OSThread?
     private var namesWaiting: [(WebBoardNames) -> Void] = []
 
-    init(loop: EventLoop, site: WebSite, hosts: WebHosts, names: WebNameSource) {
+    init(loop: EventLoop, site: WebSite, hosts: WebHosts, names: WebNameSource, token: String) {
         self.loop = loop
         self.site = site
         self.hosts = hosts
         self.names = names
+        self.token = token
     }
 
     /// Serves `endpoint` until SIGINT, SIGTERM or SIGHUP; prints the URL
     /// first, then which board names the page gets.
-    static func serve(_ endpoint: WebEndpoint, hosts: WebHosts, names: WebNameSource) throws {
+    static func serve(_ endpoint: WebEndpoint, hosts: WebHosts, names: WebNameSource, token: String) throws {
         // A browser that goes away mid-response must cost a write error,
         // not the process.
         signal(SIGPIPE, SIG_IGN)
@@ -403,19 +462,20 @@ final class WebServer: @unchecked Sendable {
         let port = Sockets.localPort(fd) ?? endpoint.port
         let loop = try EventLoop(name: "blecontrol-web")
         loop.start()
-        let server = WebServer(loop: loop, site: .embedded, hosts: hosts, names: names)
+        let server = WebServer(loop: loop, site: .embedded, hosts: hosts, names: names, token: token)
         let stop = Promise<Int32>()
         try loop.submitAndWait {
             server.listener = try Listener.start(
                 fd: fd, loop: loop, maxConnections: WebServer.maximumConnections,
-                onAccept: { [weak server] connection, _ in server?.accept(connection.rawValue) },
+                onAccept: { [weak server] connection, peer in server?.accept(connection.rawValue, peer: peer) },
                 onEvent: { event in printError("blecontrol web: \(event)") })
             try signals.attach(to: loop) { signal, _ in stop.fulfil(signal) }
         }
         let url = "http://\(endpoint.authority(port: port))/"
         print("serving the BLEControl page on \(url) (Ctrl-C stops)")
+        print("to drive the board through this server (any browser, no Bluetooth needed), open \(url)?token=\(token)")
         if !endpoint.isLoopback {
-            print("note: over the network this is plain HTTP, where browsers offer no Web Bluetooth; `blecontrol web --help` says what works")
+            print("note: over the network this is plain HTTP: anyone on the path can read the token; put HTTPS in front (`blecontrol web --help`)")
         }
         fflush(nil)
         // Asked once now only to say what the page will get.
@@ -454,13 +514,39 @@ final class WebServer: @unchecked Sendable {
     /// makes way), so silent ones cannot lock a browser out.
     static let reservedForRequests = 8
 
-    fileprivate func accept(_ fd: CInt) {
+    /// Whether a request may open the bridge: the `Sec-WebSocket-Accept`
+    /// to answer with, or the refusal.
+    private func checkBridge(_ request: WebRequest) -> Result<String, WebBridgeRefusal> {
+        if let refusal = WebBridgeRefusal.check(request, token: token) { return .failure(refusal) }
+        guard bridges.count < WebServer.maximumBridges else {
+            return .failure(WebBridgeRefusal(.unavailable, "\(WebServer.maximumBridges) pages already drive the board through this server"))
+        }
+        return .success(WebSocket.accept(key: request.webSocketKey ?? ""))
+    }
+
+    private func openBridge(_ fd: FileDescriptor, peer: String, accept: String) {
+        let bridge = WebBridge(fd: fd, peer: peer, accept: accept, loop: loop) { [weak self] closed, reason in
+            guard let self, self.bridges.removeValue(forKey: ObjectIdentifier(closed)) != nil else { return }
+            print("page \(peer.printable) left: \(reason.printable)")
+            fflush(nil)
+        }
+        bridges[ObjectIdentifier(bridge)] = bridge
+        print("page \(peer.printable) drives the board through the daemon's control socket \(names.socketPath.printable)")
+        fflush(nil)
+        bridge.start(socketPath: names.socketPath)
+    }
+
+    fileprivate func accept(_ fd: CInt, peer: String) {
         let waiting = connections.values.filter(\.isReadingHead)
         if let oldest = ReservedSlots.evictee(waiting: waiting, capacity: WebServer.maximumConnections, reserved: WebServer.reservedForRequests,
                                               acceptedAt: \.acceptedAt) {
             oldest.close()
         }
-        let connection = WebConnection(fd: fd, loop: loop, site: site, hosts: hosts, names: { [weak self] deliver in self?.boardNames(deliver) }) { [weak self] closed in
+        let gate = WebBridgeGate(
+            check: { [weak self] request in self?.checkBridge(request) ?? .failure(WebBridgeRefusal(.unavailable, "the server is stopping")) },
+            open: { [weak self] fd, accept in self?.openBridge(fd, peer: peer, accept: accept) })
+        let connection = WebConnection(fd: fd, loop: loop, site: site, hosts: hosts, names: { [weak self] deliver in self?.boardNames(deliver) },
+                                       bridge: gate) { [weak self] closed in
             guard let self else { return }
             self.connections[ObjectIdentifier(closed)] = nil
             self.listener?.openConnections = self.connections.count
@@ -475,6 +561,53 @@ final class WebServer: @unchecked Sendable {
         listener?.stop()
         listener = nil
         for connection in Array(connections.values) { connection.close() }
+        for bridge in Array(bridges.values) { bridge.close("the server stopped", code: 1001) }
+    }
+}
+
+/// What a connection asking for the bridge needs from its server.
+struct WebBridgeGate {
+    /// The handshake's accept key, or why not.
+    var check: (WebRequest) -> Result<String, WebBridgeRefusal>
+    /// Hands the connection's descriptor to a new bridge, which answers
+    /// the handshake with the key.
+    var open: (FileDescriptor, String) -> Void
+}
+
+/// Why a request cannot open the bridge: an HTTP answer with a reason.
+struct WebBridgeRefusal: Error, Equatable {
+    var status: WebStatus
+    var message: String
+
+    init(_ status: WebStatus, _ message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    var response: [UInt8] { WebHTTP.response(status, body: Array("\(status.rawValue) \(status.reason): \(message)\n".utf8), head: false) }
+
+    /// The refusal for a request that is not a WebSocket handshake a page
+    /// of this server made with the right token; nil when it is one. The
+    /// Host and Origin were checked before (``WebHosts``); here the Origin
+    /// must also be present, as every browser sends it on a WebSocket (RFC
+    /// 6455 §4.1), so a page elsewhere cannot borrow a tab's token.
+    static func check(_ request: WebRequest, token: String) -> WebBridgeRefusal? {
+        guard request.method == "GET", request.upgradesToWebSocket else {
+            return WebBridgeRefusal(.upgradeRequired, "the bridge speaks WebSocket only")
+        }
+        guard request.webSocketVersion?.trimmed == "13" else {
+            return WebBridgeRefusal(.upgradeRequired, "the bridge speaks WebSocket version 13 only")
+        }
+        guard let key = request.webSocketKey, WebSocket.isValid(key: key) else {
+            return WebBridgeRefusal(.badRequest, "Sec-WebSocket-Key must be 16 bytes in base64")
+        }
+        guard let origin = request.origin, origin != "null" else {
+            return WebBridgeRefusal(.forbidden, "the bridge answers this server's pages only (no Origin)")
+        }
+        guard let given = request.parameter("token"), WebAccessToken.matches(given, token) else {
+            return WebBridgeRefusal(.unauthorized, "the bridge needs the token: open the address `blecontrol web` printed (…/?token=…)")
+        }
+        return nil
     }
 }
 
@@ -510,6 +643,7 @@ final class WebConnection {
     private let site: WebSite
     private let hosts: WebHosts
     private let names: (@escaping (WebBoardNames) -> Void) -> Void
+    private let bridge: WebBridgeGate
     private let onClose: (WebConnection) -> Void
     private var token: LoopToken?
     private var timer: LoopToken?
@@ -524,12 +658,14 @@ final class WebConnection {
     private var discarded = 0
     private var closed = false
 
-    init(fd: CInt, loop: EventLoop, site: WebSite, hosts: WebHosts, names: @escaping (@escaping (WebBoardNames) -> Void) -> Void, onClose: @escaping (WebConnection) -> Void) {
+    init(fd: CInt, loop: EventLoop, site: WebSite, hosts: WebHosts, names: @escaping (@escaping (WebBoardNames) -> Void) -> Void, bridge: WebBridgeGate,
+         onClose: @escaping (WebConnection) -> Void) {
         self.fd = fd
         self.loop = loop
         self.site = site
         self.hosts = hosts
         self.names = names
+        self.bridge = bridge
         self.onClose = onClose
     }
 
@@ -590,15 +726,31 @@ final class WebConnection {
         received += buffer[0..<count]
         let head = WebHTTP.parseHead(received)
         if head == .incomplete { return }
-        if case .complete(_, _, let host, let origin) = head {
-            // Only its own names (DNS rebinding), and only its own pages.
-            if let host, !hosts.allows(host: host) { return respond(WebHTTP.response(.misdirected, head: false)) }
-            if let origin, origin != "null", !hosts.allows(origin: origin) { return respond(WebHTTP.response(.forbidden, head: false)) }
+        guard case .complete(let request) = head else { return respond(WebHTTP.response(to: head, site: site)) }
+        // Only its own names (DNS rebinding), and only its own pages.
+        if let host = request.host, !hosts.allows(host: host) { return respond(WebHTTP.response(.misdirected, head: false)) }
+        if let origin = request.origin, origin != "null", !hosts.allows(origin: origin) { return respond(WebHTTP.response(.forbidden, head: false)) }
+        switch request.path {
+        case WebBoardNames.path:
+            answerWithNames(head: request.method == "HEAD")
+        case WebBridge.path:
+            switch bridge.check(request) {
+            case .failure(let refusal):
+                respond(refusal.response)
+            case .success(let accept):
+                // The bridge takes the descriptor over: this connection
+                // lets go of it without closing it.
+                if let token { loop.unregister(token) }
+                if let timer { loop.cancel(timer) }
+                token = nil
+                timer = nil
+                closed = true
+                onClose(self)
+                bridge.open(FileDescriptor(rawValue: fd), accept)
+            }
+        default:
+            respond(WebHTTP.response(to: head, site: site))
         }
-        if case .complete(let method, WebBoardNames.path, _, _) = head {
-            return answerWithNames(head: method == "HEAD")
-        }
-        respond(WebHTTP.response(to: head, site: site))
     }
 
     private func answerWithNames(head: Bool) {

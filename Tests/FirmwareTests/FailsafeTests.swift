@@ -571,3 +571,38 @@ struct BusPriorityTests {
         #expect(try client.status().board == board.runtime.status().board)
     }
 }
+
+/// `blecontrol web`'s bridge opens its control connection as a central.
+@Suite("The control socket's central: the web page through the bridge")
+struct ControlCentralTests {
+    @Test("A connection that says `central` is a web session: its frames drive the outputs, and when it goes the failsafe acts")
+    func centralLeaves() throws {
+        let board = try RunningBoard(yaml: EmbeddedBoards.simulator)
+        do {
+            // Closed at the end of this block: the central leaves.
+            let client = try ControlClient(path: board.socket, timeout: Patience.time)
+            let opened = try client.request(ControlProtocol.Request(op: .central, peer: "127.0.0.1:50312"))
+            #expect(opened.ok)
+            let report = try client.status()
+            #expect(report.sessions.contains { $0.transport == "web" && $0.peer == "127.0.0.1:50312" })
+            _ = try client.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 200)))
+            #expect(try board.runtime.status().channels[0].setpointUs == 1200)
+            let again = try client.request(ControlProtocol.Request(op: .central, peer: "127.0.0.1:50312"))
+            #expect(again.ok == false && again.error?.contains("sent frames already") == true, "\(again.error ?? "")")
+        }
+        let engaged = try eventually { try board.runtime.status().servo?.failsafe?.hasPrefix("central left: web 127.0.0.1:50312") == true }
+        let failsafe = try board.runtime.status().servo?.failsafe
+        #expect(engaged, "\(failsafe ?? "none")")
+    }
+
+    @Test("`central` refuses a peer name that is empty, too long or not printable ASCII")
+    func peerNames() throws {
+        let board = try RunningBoard(yaml: EmbeddedBoards.simulator)
+        for peer in ["", String(repeating: "x", count: ControlProtocol.maximumPeerLength + 1), "a\u{1B}[2J", "café", "a b"] {
+            let client = try ControlClient(path: board.socket, timeout: Patience.time)
+            let response = try client.request(ControlProtocol.Request(op: .central, peer: peer))
+            #expect(response.ok == false && response.error?.hasPrefix("central needs \"peer\"") == true, "\(peer.debugDescription)")
+        }
+        #expect(try board.runtime.status().sessions.allSatisfy { $0.transport != "web" })
+    }
+}

@@ -42,6 +42,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 from cdp import Chromium  # noqa: E402
 
 URL, SHOTS, MONITOR, WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
+# The bridge's token, from the address `blecontrol web` printed.
+TOKEN = os.environ["WEB_TOKEN"]
 NAME = "BLEControl-Sim"
 PORT = urllib.parse.urlsplit(URL).port
 INSECURE = "http://insecure.test:%d/" % PORT
@@ -353,13 +355,16 @@ def session(browser, page):
     page.key("End", "End", 35)
     check(page.eval("document.getElementById('servo3-value').textContent") == "2000 µs", "End key on channel 3: readout 2000 µs")
 
-    # PWM: the demo app's values, one negative (an Int16: FE 0C, 100 %).
+    # PWM: 0–1000 as the protocol has it (the demo app's negative Int16
+    # values are the protocol's business, not a slider's): at 0 the thumb
+    # sits at the start of the track, as its readout says 0.0 %.
+    check(page.eval("[4, 5, 6, 7].every((c) => document.getElementById('pwm' + c).min === '0')"), "the PWM sliders run from 0 (0.0 % at the track's start)")
     page.set_slider("pwm4", 250)
     page.set_slider("pwm5", 500)
     page.eval("document.getElementById('pwm6').focus()")
     page.key("End", "End", 35)
-    page.set_slider("pwm7", -500)
-    check("100 %" in page.eval("document.getElementById('pwm7-value').textContent"), "a negative PWM value reads as 100 %",
+    page.set_slider("pwm7", 750)
+    check(page.eval("document.getElementById('pwm7-value').textContent") == "75.0 %", "PWM 750 reads as 75.0 %",
           page.eval("document.getElementById('pwm7-value').textContent"))
 
     # Switches by clicking them; this board has no switch 3.
@@ -382,7 +387,7 @@ def session(browser, page):
     def demo_outputs(r):
         servo_ok = all(near(channel(r, c).get("pulse_us"), 1000 + servos[c]) for c in range(4))
         duties = [channel(r, c).get("duty") for c in range(4, 8)]
-        duty_ok = abs(duties[0] - 0.25) < 0.001 and abs(duties[1] - 0.5) < 0.001 and duties[2] == 1 and duties[3] == 1
+        duty_ok = abs(duties[0] - 0.25) < 0.001 and abs(duties[1] - 0.5) < 0.001 and duties[2] == 1 and abs(duties[3] - 0.75) < 0.001
         switches = [s.get("on") for s in r.get("switches", [])]
         return servo_ok and duty_ok and switches == [True, False, True] and r["lcd"]["lines"] == ["BLEControl      ", "Demo app        "]
 
@@ -476,8 +481,8 @@ def session(browser, page):
     check(servo and servo[-1] == bytes.fromhex("02030000640203010190020302 02BC020303 03E8".replace(" ", "")),
           "the last SERVO_VAL write: 100, 400, 700, 1000", servo[-1].hex() if servo else None)
     pwm = [d for d, _ in browser_writes if d[0] == 0x03]
-    check(pwm and pwm[-1] == bytes.fromhex("03030400FA030305 01F4030306 03E8030307FE0C".replace(" ", "")),
-          "the last PWM_VAL write: 250, 500, 1000, -500 (FE 0C)", pwm[-1].hex() if pwm else None)
+    check(pwm and pwm[-1] == bytes.fromhex("03030400FA030305 01F4030306 03E8030307 02EE".replace(" ", "")),
+          "the last PWM_VAL write: 250, 500, 1000, 750", pwm[-1].hex() if pwm else None)
     # A click while an earlier write is in flight rides in the next write.
     switches = [d for d, _ in browser_writes if d[0] == 0x06]
     check([f for d in switches for f in frames(d)] == [bytes([6, 2, 0, 1]), bytes([6, 2, 2, 1]), bytes([6, 2, 3, 1])],
@@ -609,6 +614,127 @@ def web_page_on_tcp(page):
     check(not changed, "…and the board decoded nothing of it: no session, no frame", changed)
 
 
+def bridge(browser, page):
+    """The page through `blecontrol web`'s bridge, from a host where the
+    browser offers no Web Bluetooth (plain http:// from "another machine",
+    as an iPhone on the board's Wi-Fi sees it): it connects through the
+    server, drives the board (sliders, switches, LCD), shows an ERROR the
+    board sent, follows what the CLI did, and closing the page is a
+    central leaving: the failsafe acts."""
+    page.viewport(390, 844, True)
+    page.navigate(INSECURE + "?token=" + TOKEN)
+    page.wait("!document.getElementById('connect-bridge').hidden")
+    check(page.eval("window.isSecureContext") is False and not page.eval("document.getElementById('connect-bridge').hidden")
+          and page.eval("document.getElementById('connect').hidden"),
+          "plain http:// from another host: 'Connect through this server' offered, the Bluetooth button gone")
+    check(page.eval("location.search") == "", "the token is taken out of the address bar", page.eval("location.href"))
+    check(not page.eval("document.querySelector('[data-bridge=available]').hidden"), "the notice says the page can drive the board through the server")
+    page.screenshot("phone-bridge-disconnected.png")
+    page.click("#connect-bridge")
+    if not check(page.wait("document.body.dataset.state === 'connected'"), "connected through the server",
+                 page.eval("document.getElementById('status').textContent")):
+        print("page log:", page.eval("document.getElementById('log').innerText"), file=sys.stderr)
+        return
+    web = lambda r: [s for s in r.get("sessions", []) if s.get("transport") == "web"]  # noqa: E731
+    report = wait_status(lambda r: len(web(r)) == 1 and all(channel(r, c).get("enabled") for c in range(8)))
+    check(report is not None, "the board has one web session (a central), and channels 0–7 enabled by the page", status().get("sessions"))
+    page.wait("document.getElementById('board').textContent === 'simulator'")
+    check(page.eval("document.getElementById('board').textContent") == "simulator", "the page names the board (from the bridge's state)")
+    page.wait("document.querySelector('label[for=servo0]').textContent !== 'Channel 0'")
+    check(page.eval(LABEL_TEXTS) == NAMED, "…and labels the outputs with its board file's names", page.eval(LABEL_TEXTS))
+
+    page.set_slider("servo0", 200)
+    page.set_slider("pwm4", 300)
+    page.click("#switch1")
+    page.click("#lcd0")
+    page.eval("document.getElementById('lcd0').value = ''")
+    page.type("Bridge")
+    page.key("Enter", "Enter", 13, "\r")
+    driven = wait_status(lambda r: near(channel(r, 0).get("pulse_us"), 1200) and abs(channel(r, 4).get("duty") - 0.3) < 0.001
+                         and r["switches"][1]["on"] and r["lcd"]["lines"][0].startswith("Bridge"))
+    last = status()
+    check(driven is not None, "through the bridge: servo 0 at 1200 µs, PWM 4 at 30 %, switch 1 on, the LCD shows Bridge",
+          (channel(last, 0).get("pulse_us"), channel(last, 4).get("duty"), last["switches"], last["lcd"]["lines"]))
+    # This board has no switch 3: its ERROR comes back through the bridge.
+    page.click("#switch3")
+    check(page.wait("!document.getElementById('alert').hidden && document.querySelector('#log li.rx.error') !== null"),
+          "switch 3 (not on this board): the board's ERROR reaches the page, shown and logged")
+    page.click("#alert-dismiss")
+
+    # What someone else does shows on the page.
+    cli = os.environ["BLECONTROL_BIN"]
+    import subprocess
+    subprocess.run([cli, "servo", "1", "800"], check=False, capture_output=True)
+    subprocess.run([cli, "switch", "0", "on"], check=False, capture_output=True)
+    followed = page.wait("document.getElementById('servo1').value === '800' && document.getElementById('switch0').checked")
+    check(followed, "the page follows what the CLI did: servo 1 slider at 800, switch 0 on",
+          page.eval("[document.getElementById('servo1').value, document.getElementById('switch0').checked]"))
+    page.screenshot("phone-bridge-connected.png")
+
+    # Leaving the page: the central leaves, the failsafe acts.
+    page.navigate("about:blank")
+    report = wait_status(lambda r: (r.get("servo") or {}).get("failsafe", "") and "central left: web" in r["servo"]["failsafe"] and not web(r))
+    check(report is not None, "the page closed: its web session ends and the failsafe engages (central left: web …)",
+          (status().get("servo") or {}).get("failsafe"))
+
+
+def bridge_refusals():
+    """What the bridge refuses, and what a hostile client costs: no token,
+    a wrong one, a page of another origin, frames that break RFC 6455, a
+    message over the limit, text, a flood of writes; and the daemon keeps
+    serving the next page."""
+    from bridge_client import Bridge, Refused
+    port = PORT
+
+    def refused(what, **options):
+        try:
+            Bridge(port, **options).close()
+        except Refused as refusal:
+            return refusal
+        return None
+
+    no_token = refused("no token", token=None)
+    check(no_token is not None and no_token.status == 401, "the bridge without the token: 401", no_token)
+    wrong = refused("wrong token", token="0" * len(TOKEN))
+    check(wrong is not None and wrong.status == 401, "the bridge with a wrong token: 401", wrong)
+    foreign = refused("foreign origin", token=TOKEN, origin="http://evil.test")
+    check(foreign is not None and foreign.status == 403, "a page of another origin, with the token: 403", foreign)
+    plain = None
+    try:
+        import urllib.request
+        urllib.request.urlopen("http://127.0.0.1:%d/bridge?token=%s" % (port, TOKEN), timeout=20)
+    except urllib.error.HTTPError as error:
+        plain = error.code
+    check(plain == 426, "a plain GET of the bridge: 426 Upgrade Required", plain)
+
+    def closed_with(send):
+        client = Bridge(port, token=TOKEN)
+        client.state()
+        send(client)
+        for _ in range(200):
+            try:
+                kind, value = client.receive()
+            except (EOFError, OSError):
+                return "eof"
+            if kind == "close":
+                client.sock.close()
+                return value
+        return None
+
+    check(closed_with(lambda c: c.send_frame(0x2, b"\x02\x03\x00\x01\xf4", masked=False)) == 1002, "an unmasked frame: closed with 1002")
+    check(closed_with(lambda c: c.send_frame(0x2, bytes(20000))) == 1009, "a 20000-byte message: closed with 1009 (unread)")
+    check(closed_with(lambda c: c.send_frame(0x1, b"{}")) == 1003, "a text message: closed with 1003")
+
+    def flood(client):
+        for _ in range(200):
+            client.send(bytes.fromhex("0203000100"))
+    check(closed_with(flood) == 1008, "200 writes without waiting for answers: closed with 1008")
+    client = Bridge(port, token=TOKEN)
+    replies, answer = client.write(bytes.fromhex("02050101"))
+    client.close()
+    check(answer == {"applied": True} and replies == b"", "after all that, a page's write is applied (ANALOG_OUT_EN 1 on)", (replies, answer))
+
+
 def main():
     try:
         browser, page = launch()
@@ -632,6 +758,8 @@ def main():
                         "the names of other (the board where this page came from) are not shown: this board is simulator")
         origins(browser, page)
         web_page_on_tcp(page)
+        bridge(browser, page)
+        bridge_refusals()
     except Exception as error:  # noqa: BLE001
         check(False, "the browser session ran to the end", repr(error))
         browser.pump()

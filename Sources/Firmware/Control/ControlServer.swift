@@ -203,6 +203,18 @@ public final class ControlServer: @unchecked Sendable {
                     }
                 }
             }
+        case .central:
+            // Named by the bridge, shown in status and the log: printable
+            // and short, whatever a browser's address looks like.
+            guard let peer = request.peer, !peer.isEmpty, peer.count <= ControlProtocol.maximumPeerLength,
+                  peer.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {
+                return respond(ControlProtocol.Response(ok: false, error: "central needs \"peer\": 1…\(ControlProtocol.maximumPeerLength) printable ASCII characters"), to: client)
+            }
+            guard client.session == nil else {
+                return respond(ControlProtocol.Response(ok: false, error: "central must be this connection's first frames' request: it has sent frames already"), to: client)
+            }
+            _ = session(of: client, transport: .web, peer: peer)
+            respond(ControlProtocol.Response(ok: true), to: client)
         case .send:
             guard let hex = request.hex, let bytes = ControlProtocol.bytes(fromHex: hex) else {
                 return respond(ControlProtocol.Response(ok: false, error: "send needs \"hex\": an even number of hex digits"), to: client)
@@ -225,10 +237,7 @@ public final class ControlServer: @unchecked Sendable {
     /// reply once the hardware has them, as a write with response.
     /// `over`: the values among them move there in that time, together.
     private func apply(_ bytes: [UInt8], from client: Client, over: Duration? = nil) {
-        let session = client.session ?? hub.open(transport: .control, peer: "cli") { [weak client] frame in
-            client?.replies.append(contentsOf: frame)
-        }
-        client.session = session
+        let session = session(of: client, transport: .control, peer: "cli")
         let mark = dispatcher.mark
         // The frames are dispatched within this call, on this loop.
         session.moveDuration = over
@@ -242,6 +251,17 @@ public final class ControlServer: @unchecked Sendable {
                 server.respond(ControlProtocol.Response(ok: error == nil, error: error, replies: replies), to: client)
             }
         }
+    }
+
+    /// The client's session, opened as `transport` if it has none yet; the
+    /// board's replies gather until its request is answered.
+    private func session(of client: Client, transport: TransportKind, peer: String) -> Session {
+        if let session = client.session { return session }
+        let session = hub.open(transport: transport, peer: peer) { [weak client] frame in
+            client?.replies.append(contentsOf: frame)
+        }
+        client.session = session
+        return session
     }
 
     private func respond(_ response: ControlProtocol.Response, to client: Client) {

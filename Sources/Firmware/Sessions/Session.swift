@@ -3,12 +3,16 @@ import BLEControlProtocol
 /// How a session reaches the board.
 public enum TransportKind: String, Sendable, CaseIterable, CustomStringConvertible {
     case tcp, ble, serial, mqtt
+    /// The control page in a browser, through `blecontrol web`'s bridge: a
+    /// central like a phone (its session ends, and the failsafe acts, when
+    /// the page goes).
+    case web
     /// `blecontrol` on the control socket: drives the outputs like a
     /// central, but is an operator, not a central (it neither keeps the
     /// board out of failsafe nor ends it).
     case control
 
-    /// BLE, TCP, serial and MQTT sessions are centrals; the CLI is not.
+    /// BLE, TCP, serial, MQTT and web sessions are centrals; the CLI is not.
     public var isCentral: Bool { self != .control }
     public var description: String { rawValue }
 }
