@@ -6,41 +6,39 @@ import Control
 import Reactor
 import SystemPackage
 
-/// `blecontrol web`: serves the Web Bluetooth control page (web/, compiled
-/// in by scripts/embed-web) over HTTP, for a browser on this machine.
+/// `blecontrol web`: serves the control page (web/, compiled in by
+/// scripts/embed-web) over HTTP, and bridges it to the daemon over a
+/// WebSocket (``WebBridge``) for browsers without Web Bluetooth.
 /// (A function, like `doctorCommand()`: a global `Command` would not be
 /// Sendable.)
 ///
-/// The page talks to the board over Bluetooth itself; this server only hands
-/// out a few fixed files, and the board's names for its outputs from the
-/// daemon on this machine (``WebBoardNames``). It is deliberately small: GET
-/// and HEAD, one request per connection, nothing read from the file system
-/// (so no path can reach outside the page), requests bounded in size and
-/// time, on the project's event loop.
+/// Deliberately small: GET and HEAD, one request per connection, nothing
+/// read from the file system (so no path can reach outside the page),
+/// requests bounded in size and time, on the project's event loop.
 func webCommand() -> Command {
     Command(
         "web",
-        abstract: "Serve the Web Bluetooth control page over HTTP (Ctrl-C stops).",
+        abstract: "Serve the control page: over Bluetooth from the browser, or through this server to the daemon (Ctrl-C stops).",
         discussion: """
-        The page (the original demo app's screen: 4 servo sliders, 4 PWM sliders, 4 switches, 2 LCD lines, and a log of \
-        every byte) reaches the board over the Bluetooth of the machine whose browser shows it, not through this server. \
-        Browsers offer Web Bluetooth only to a secure context (Chromium on Linux also only with chrome://flags, \
-        "Experimental Web Platform features"). http://localhost is one: open the page on this machine (its browser then \
-        needs a Bluetooth adapter other than the one blecontrold advertises on: ble.adapter in the board file), or \
-        forward the port and open http://localhost:8000 on the other machine (from a laptop: ssh -L 8000:localhost:8000 \
-        to this one; an Android phone on USB: adb reverse tcp:8000 tcp:8000 on the machine it is plugged into). Plain \
-        HTTP across the network is not one: put an HTTPS reverse proxy in front (a self-signed certificate works once \
-        the browser's warning is accepted), or add the address to "Insecure origins treated as secure" in the browser's \
-        chrome://flags. The labels carry the board file's names ("Channel 0 · steering", name: in servo.channels and \
-        switches, lcd.line_names) when this command can reach the board's daemon: its control socket, found as for the \
-        other commands (--socket, else $BLECONTROL_SOCKET, else the service's, else the simulator's; one of another \
-        user's is refused). Each time the page connects to a board it fetches /board.json from this server, which asks \
-        the daemon then (so a reload of the board file or a daemon started later is seen without restarting this \
-        command); the page shows the names only if the board it connected to calls itself by the same board name (its \
-        Device Information), so another board in range never gets this one's names. Without a daemon (this command run \
-        on a laptop next to the board), or opened from a file, the page labels the outputs by number alone. The command \
-        says on standard output which names it serves, or why none, whenever that changes. /board.json holds only the \
-        board's name and its outputs' names, to anyone who can load the page.
+        Example: blecontrol web, then open the address it prints, the one that ends in ?token=…, in any browser on this \
+        machine. The page is the original demo app's screen (4 servo sliders, 4 PWM sliders, 4 switches, 2 LCD lines, and \
+        a log of every byte). It reaches the board one of two ways, and offers the one that works. Through this server: \
+        the page opens a WebSocket to this command, which drives the daemon on this machine through its control socket as \
+        a central (transport web, in status): any browser, an iPhone's Safari or Firefox included, the simulator too; the \
+        page's controls follow what other centrals and the CLI do; closing the page is a central leaving, and the failsafe \
+        acts. The bridge needs the token in the printed address (anyone who can load the page, another user of this \
+        machine included, cannot drive the board without it); --token-file keeps one across restarts. Over Bluetooth: the \
+        page talks to the board itself with Web Bluetooth, which browsers offer only to a secure context (Chrome or Edge; \
+        Chromium on Linux only with chrome://flags, "Experimental Web Platform features"). http://localhost is one; plain \
+        HTTP across the network is not. To serve the network: --listen 0.0.0.0:8000 (the page is then plain HTTP: anyone \
+        on the path can read the token), best behind an HTTPS reverse proxy (a self-signed certificate works once the \
+        browser's warning is accepted; name the proxy with --host). The labels carry the board file's names ("Channel 0 \
+        · steering") when this command can reach the board's daemon: its control socket, found as for the other commands \
+        (--socket, else $BLECONTROL_SOCKET, else the service's, else the simulator's; one of another user's is refused). \
+        Over Bluetooth the page shows them only if the board it connected to calls itself by the same board name, so \
+        another board in range never gets this one's names. /board.json holds only the board's name and its outputs' \
+        names, to anyone who can load the page. On a Pi the blecontrol-web service serves the page to the network \
+        (systemctl enable --now blecontrol-web; its address with the token: journalctl -u blecontrol-web).
         """,
         options: [
             Command.Option("listen", value: "HOST:PORT", help: "Where to serve (default 127.0.0.1:8000; [::1]:8000 for IPv6; port 0 picks a free one). Anything but loopback serves the page to the network, as plain HTTP."),

@@ -424,6 +424,31 @@ exposure() {
 check s3 "systemd-analyze security on the live system: exposure <= 2.0" exposure
 info "security: exposure $(head -n 1 "$work/why")"
 
+# The control page for the network: shipped off, started by hand here; its
+# address with the kept token in the journal; the page over HTTP, and the
+# bridge refused without the token (bash's /dev/tcp: no other client here).
+http_get() { # PATH [HEADER]: the status line of a GET on port 8000
+    bash -c 'exec 3<>/dev/tcp/127.0.0.1/8000 || exit 1
+             printf "GET %s HTTP/1.1\r\nHost: localhost\r\n%b\r\n" "$1" "$2" >&3
+             head -n 1 <&3' sh "$@"
+}
+web_service() {
+    ! systemctl -q is-enabled blecontrol-web.service || { echo "blecontrol-web.service is enabled by default"; return 1; }
+    systemctl start blecontrol-web.service || { systemctl status blecontrol-web.service --no-pager; return 1; }
+    until_true 240 sh -c 'journalctl -u blecontrol-web.service -q -o cat | grep -q "?token="' \
+        || { journalctl -u blecontrol-web.service --no-pager | tail -n 5; return 1; }
+    local token
+    token=$(cat /var/lib/blecontrol-web/token) || return 1
+    journalctl -u blecontrol-web.service -q -o cat | grep -q "?token=$token\$" || { echo "the journal's address does not carry the kept token"; return 1; }
+    [ "$(stat -L -c %a /var/lib/blecontrol-web/token)" = 600 ] || { echo "token file mode $(stat -L -c %a /var/lib/blecontrol-web/token)"; return 1; }
+    http_get / | grep -q '^HTTP/1.1 200 ' || { echo "GET /: $(http_get /)"; return 1; }
+    local refused
+    refused=$(http_get /bridge "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: http://localhost\r\n")
+    echo "$refused" | grep -q '^HTTP/1.1 401 ' || { echo "the bridge without the token: $refused"; return 1; }
+    systemctl stop blecontrol-web.service
+}
+check s4 "blecontrol-web.service: off by default; started, it serves the page on port 8000, prints the address with the token it keeps (0600), and its bridge refuses a request without the token" web_service
+
 # --- (h) the outputs, through the stub's registers ------------------------------------------
 if [ -z "$BUS" ]; then
     fail h "hardware checks" "no stub bus (blecontrol-test-setup failed)"
