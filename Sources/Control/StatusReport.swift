@@ -29,16 +29,21 @@ public struct StatusReport: Codable, Sendable, Equatable {
         /// nil when never commanded. Absent from older daemons.
         public var setpointUs: Double?
         public var setpointPercent: Double?
-        /// A channel with motion limits: true while its pulse is on its way
-        /// to the setpoint (``pulseUs`` is where it has got to); absent for
-        /// channels without limits.
+        /// A channel with motion limits, or in a timed move: true while its
+        /// pulse is on its way to the setpoint (``pulseUs`` is where it has
+        /// got to); absent for channels without limits and not moving.
         public var moving: Bool?
+        /// A servo or ESC channel with motion limits or in a timed move,
+        /// producing pulses: the
+        /// SERVO_VAL (0…1000, through its calibration) of the pulse it has
+        /// got to, so a slider can follow the move; absent otherwise.
+        public var position: Int?
         /// A servo with `release_after_ms`: true once it has let go (no
         /// pulses until the next command); absent for other channels.
         public var released: Bool?
 
         public init(channel: Int, output: Int, chip: String? = nil, role: String, enabled: Bool, command: String?, value: Int?, pulseUs: Double, duty: Double, latched: Bool,
-                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil, moving: Bool? = nil, released: Bool? = nil) {
+                    name: String? = nil, setpointUs: Double? = nil, setpointPercent: Double? = nil, moving: Bool? = nil, position: Int? = nil, released: Bool? = nil) {
             self.channel = channel
             self.output = output
             self.chip = chip
@@ -53,6 +58,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.setpointUs = setpointUs
             self.setpointPercent = setpointPercent
             self.moving = moving
+            self.position = position
             self.released = released
         }
 
@@ -62,7 +68,7 @@ public struct StatusReport: Codable, Sendable, Equatable {
             case duty, latched, name
             case setpointUs = "setpoint_us"
             case setpointPercent = "setpoint_percent"
-            case moving, released
+            case moving, position, released
         }
     }
 

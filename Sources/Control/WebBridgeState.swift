@@ -16,6 +16,10 @@ public struct WebBridgeState: Codable, Sendable, Equatable {
         /// "servo" or "pwm": the last value command, and its raw value.
         public var command: String?
         public var value: Int?
+        /// A channel with motion limits: whether it is on its way, and the
+        /// SERVO_VAL of where it has got to (the slider follows it).
+        public var moving: Bool?
+        public var position: Int?
     }
 
     public struct Switch: Codable, Sendable, Equatable {
@@ -35,7 +39,9 @@ public struct WebBridgeState: Codable, Sendable, Equatable {
     public init(_ status: StatusReport) {
         board = status.board
         failsafe = status.servo?.failsafe
-        channels = status.channels.map { Channel(channel: $0.channel, enabled: $0.enabled, command: $0.command, value: $0.value) }
+        channels = status.channels.map {
+            Channel(channel: $0.channel, enabled: $0.enabled, command: $0.command, value: $0.value, moving: $0.moving, position: $0.position)
+        }
         switches = status.switches.map { Switch(switch: $0.switch, on: $0.on) }
         lcd = status.lcd?.lines ?? []
     }

@@ -637,12 +637,16 @@ enum EmbeddedWeb {
       const entry = channels.get(channel);
       if (!entry || entry.command !== command || !Number.isInteger(entry.value) || held(kind + channel)) return;
       const value = Math.max(0, Math.min(1000, entry.value));
-      if (values[i] === value) return;
-      values[i] = value;
+      // A channel with motion limits on its way: the thumb shows where it
+      // has got to, the readout where it is going.
+      const moving = entry.moving === true && Number.isInteger(entry.position);
+      const shown = moving ? Math.max(0, Math.min(1000, entry.position)) : value;
       const input = $(kind + channel);
-      input.value = String(value);
-      $(kind + channel + '-value').textContent = text(value);
-      input.setAttribute('aria-valuetext', text(value));
+      values[i] = value;
+      input.value = String(shown);
+      const readout = moving ? text(shown) + ' → ' + text(value) : text(value);
+      $(kind + channel + '-value').textContent = readout;
+      input.setAttribute('aria-valuetext', readout);
     });
     follow('servo', SERVO_CHANNELS, state.servo, servoText, 'servo');
     follow('pwm', PWM_CHANNELS, state.pwm, pwmText, 'pwm');

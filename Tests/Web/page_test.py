@@ -669,7 +669,21 @@ def bridge(browser, page):
     followed = page.wait("document.getElementById('servo1').value === '800' && document.getElementById('switch0').checked")
     check(followed, "the page follows what the CLI did: servo 1 slider at 800, switch 0 on",
           page.eval("[document.getElementById('servo1').value, document.getElementById('switch0').checked]"))
+    # A timed move (long, so that the page's state poll sees it under way
+    # however busy the machine): the thumb follows the servo's position,
+    # the readout says where it is going; a plain command then ends it.
+    subprocess.run([cli, "servo", "2", "100"], check=False, capture_output=True)
+    page.wait("document.getElementById('servo2').value === '100'")
+    subprocess.run([cli, "servo", "2", "900", "--over", "60s"], check=False, capture_output=True)
+    under_way = page.wait("(() => { const v = Number(document.getElementById('servo2').value);"
+                          " return document.getElementById('servo2-value').textContent.endsWith('→ 1900 µs') && v > 100 && v < 900; })()")
+    check(under_way, "a timed move (CLI --over 60s): the slider's thumb follows the servo on its way, the readout says where it goes",
+          page.eval("[document.getElementById('servo2').value, document.getElementById('servo2-value').textContent]"))
     page.screenshot("phone-bridge-connected.png")
+    subprocess.run([cli, "servo", "2", "900"], check=False, capture_output=True)
+    check(page.wait("document.getElementById('servo2').value === '900' && document.getElementById('servo2-value').textContent === '1900 µs'"),
+          "…and once it is there, the thumb and the readout rest at 1900 µs",
+          page.eval("[document.getElementById('servo2').value, document.getElementById('servo2-value').textContent]"))
 
     # Leaving the page: the central leaves, the failsafe acts.
     page.navigate("about:blank")

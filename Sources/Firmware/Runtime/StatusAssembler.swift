@@ -39,7 +39,9 @@ struct StatusAssembler {
                     pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
                     latched: state.latched, name: channel.name,
                     setpointUs: setpoint.us.map { ($0 * 10).rounded() / 10 }, setpointPercent: setpoint.percent.map { ($0 * 10).rounded() / 10 },
-                    moving: channel.motion.isUnlimited ? nil : state.moving,
+                    moving: channel.motion.isUnlimited && !state.moving ? nil : state.moving,
+                    position: (channel.motion.isUnlimited && !state.moving) || channel.role == .pwm || produced.pulse <= 0
+                        ? nil : Int(channel.servoValue(forPulse: Microseconds(produced.pulse))),
                     released: channel.releaseAfter == nil ? nil : state.released
                 ))
             }
