@@ -82,7 +82,7 @@ struct MQTTTransportTests {
 
         // A payload a person might mistype: refused with the reason, nothing moves.
         try broker.publish("\(base)/servo/0/set", "fast")
-        #expect(eventually { errors.payloads("\(base)/errors").contains(hex(Array("\(base)/servo/0/set: \"fast\" is not a value 0…1000".utf8))) },
+        #expect(eventually { errors.payloads("\(base)/errors").contains(hex(Array("\(base)/servo/0/set: \"fast\" is not a value 0…1000 (or {\"value\": 500, \"transition\": 1.5})".utf8))) },
                 "\(errors.lines)")
         try broker.publish("\(base)/servo/9/set", "500")  // no channel 9: ERROR 02, as over BLE
         #expect(eventually { errors.payloads("\(base)/errors").contains("ff0102") }, "\(errors.lines)")
@@ -94,6 +94,46 @@ struct MQTTTransportTests {
         #expect(session.peer == "127.0.0.1:\(broker.port)")
         board.runtime.stop()
         #expect(eventually { broker.retained("\(base)/availability") == "offline" }, "a clean stop says offline (a clean disconnect sends no will)")
+    }
+
+    @Test("Transitions through the broker: a move of two channels in steps, a channel's own transition (retained), a move refused whole")
+    func transitions() throws {
+        let broker = try Broker()
+        let board = try RunningBoard(yaml: broker.boardYAML())
+        #expect(eventually { board.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.port)") }, "\(board.mqttState)")
+        let base = "blecontrol/simulator"
+        let errors = try Subscriber(broker, topics: ["\(base)/errors"])
+        #expect(eventually { broker.retained("\(base)/transition/0") == "0.0" }, "each servo channel's transition, published at connect")
+        try broker.publish("\(base)/frames", FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.enable(channel: 1, on: true))
+                           + FrameEncoder.encode(.servo(channel: 0, value: 0)) + FrameEncoder.encode(.servo(channel: 1, value: 0)))
+        #expect(eventually { abs(board.pulse(0) - 1000) < 5 && abs(board.pulse(1) - 1000) < 5 })
+
+        // Two channels in one move over 0.6 s: both in steps, both there.
+        try broker.publish("\(base)/move/set", #"{"pulse": {"0": 1800}, "servo": {"1": 400}, "transition": 0.6}"#)
+        #expect(eventually { abs(board.pulse(0) - 1800) < 5 && abs(board.pulse(1) - 1400) < 5 })
+        for (channel, target) in [(0, 1800.0), (1, 1400.0)] {
+            let widths = board.chip.history(channel: channel).map(\.pulseWidth.value).filter { $0 > 1005 && $0 <= target + 5 }
+            #expect(widths.count >= 5, "channel \(channel) moved in steps: \(widths)")
+            #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "channel \(channel): \(widths)")
+        }
+
+        // Channel 1's own transition: its next plain …/set moves in steps.
+        try broker.publish("\(base)/transition/1/set", "0.5")
+        #expect(eventually { broker.retained("\(base)/transition/1") == "0.5" })
+        try broker.publish("\(base)/servo/1/set", "1000")
+        #expect(eventually { abs(board.pulse(1) - 2000) < 5 })
+        let steps = board.chip.history(channel: 1).map(\.pulseWidth.value).filter { $0 > 1405 }
+        #expect(steps.count >= 5 && zip(steps, steps.dropFirst()).allSatisfy { $0 < $1 }, "\(steps)")
+
+        // A pulse for a PWM channel (5): the whole move refused, nothing
+        // moves (a pulse outside a servo's calibration is clamped to it, as
+        // on …/pulse/N/set).
+        try broker.publish("\(base)/move/set", #"{"pulse": {"0": 1200, "5": 1500}}"#)
+        let refusals = { errors.payloads("\(base)/errors").map { String(decoding: ControlProtocol.bytes(fromHex: $0) ?? [], as: UTF8.self) } }
+        #expect(eventually { refusals().contains { $0.hasPrefix("\(base)/move/set: ") && $0.hasSuffix("; nothing moved") } }, "\(refusals())")
+        #expect(abs(board.pulse(0) - 1800) < 5 && abs(board.pulse(1) - 2000) < 5)
+        try broker.publish("\(base)/transition/5/set", "1")
+        #expect(eventually { refusals().contains("\(base)/transition/5/set: channel 5 is not a servo or ESC channel of this board") }, "\(refusals())")
     }
 
     @Test("The original demo app's session through the broker: as raw frames, one a message as the app writes them, and as per-output topics")
@@ -259,6 +299,8 @@ private let homeAssistantKeys: [String: (allowed: Set<String>, required: Set<Str
         "text": (common.union(["command_topic", "command_template", "state_topic", "value_template", "min", "max", "mode", "pattern"]), ["command_topic"]),
         "binary_sensor": (common.union(["state_topic", "value_template", "payload_on", "payload_off", "device_class", "expire_after",
                                         "force_update", "off_delay"]), ["state_topic"]),
+        "sensor": (common.union(["state_topic", "value_template", "unit_of_measurement", "device_class", "state_class", "expire_after",
+                                 "force_update", "last_reset_value_template", "suggested_display_precision", "options"]), ["state_topic"]),
     ]
 }()
 
@@ -271,7 +313,7 @@ struct MQTTDiscoveryTests {
         #expect(eventually { board.mqttState.hasPrefix("connected") }, "\(board.mqttState)")
         let node = "blecontrol_simulator"
         var configs: [String: String] = [:]
-        #expect(eventually { configs = broker.retainedAll("homeassistant/#"); return configs.count == 8 * 2 + 4 + 2 + 1 }, "\(configs.keys.sorted())")
+        #expect(eventually { configs = broker.retainedAll("homeassistant/#"); return configs.count == 8 * 2 + 5 * 2 + 4 + 2 + 1 }, "\(configs.keys.sorted())")
         for (topic, payload) in configs {
             let levels = topic.split(separator: "/").map(String.init)
             #expect(levels.count == 5 && levels[2] == node && levels[4] == "config", "\(topic)")
@@ -303,6 +345,9 @@ struct MQTTDiscoveryTests {
         #expect(configs["homeassistant/switch/\(node)/enable_5/config"]?.contains("\"entity_category\":\"config\"") == true)
         #expect(configs["homeassistant/text/\(node)/lcd_1/config"]?.contains("\"max\":16") == true)
         #expect(configs["homeassistant/binary_sensor/\(node)/failsafe/config"]?.contains("\"state_topic\":\"blecontrol/simulator/failsafe\"") == true)
+        #expect(configs["homeassistant/sensor/\(node)/position_0/config"]?.contains("\"state_class\":\"measurement\"") == true)
+        #expect(configs["homeassistant/number/\(node)/transition_4/config"]?.contains("\"state_topic\":\"blecontrol/simulator/transition/4\"") == true)
+        #expect(configs["homeassistant/number/\(node)/transition_5/config"] == nil, "PWM channels have no transition")
 
         // A reload without channel 7: its two entities are deleted.
         let path = scratchDirectory("blecontrol-mqtt-board") + "/board.yaml"
@@ -339,10 +384,29 @@ struct MQTTTopicTests {
         #expect(topics.command(topic: "blecontrol/rc-car/servo/0/set", payload: Array("1001".utf8)) == .invalid("\"1001\" is not a value 0…1000"))
         #expect(topics.command(topic: "blecontrol/rc-car/servo/x/set", payload: Array("1".utf8)) == .invalid("x is not a channel number (0…255)"))
         #expect(topics.command(topic: "blecontrol/rc-car/motor/0/set", payload: Array("1".utf8))
-                == .invalid("motor is not an output kind (servo, pulse, pwm, switch, enable, lcd)"))
+                == .invalid("motor is not an output kind (servo, pulse, pwm, switch, enable, lcd, transition)"))
         #expect(topics.command(topic: "blecontrol/rc-car/pulse/3/set", payload: Array("1500.0".utf8)) == .pulse(channel: 3, microseconds: 1500))
-        #expect(topics.command(topic: "blecontrol/rc-car/pulse/3/set", payload: Array("fast".utf8)) == .invalid("\"fast\" is not a pulse in µs (such as 1500)"))
+        #expect(topics.command(topic: "blecontrol/rc-car/pulse/3/set", payload: Array("fast".utf8)) == .invalid("\"fast\" is not a pulse in µs (such as 1500, or {\"value\": 1500, \"transition\": 1.5})"))
         #expect(topics.command(topic: "blecontrol/rc-car/status", payload: []) == .ignored)
+    }
+
+    @Test("Transitions: a value with one, a channel's own, and a move of several outputs together")
+    func transitions() {
+        #expect(topics.command(topic: "blecontrol/rc-car/pulse/0/set", payload: Array(#"{"value": 1800, "transition": 1.5}"#.utf8))
+                == .pulse(channel: 0, microseconds: 1800, over: .milliseconds(1500)))
+        #expect(topics.command(topic: "blecontrol/rc-car/servo/1/set", payload: Array(#"{"value": 250}"#.utf8)) == .message(.servo(channel: 1, value: 250)))
+        #expect(topics.command(topic: "blecontrol/rc-car/servo/1/set", payload: Array(#"{"value": 250, "transition": 0}"#.utf8)) == .message(.servo(channel: 1, value: 250)))
+        #expect(topics.command(topic: "blecontrol/rc-car/pwm/4/set", payload: Array(#"{"value": 250, "transition": 601}"#.utf8))
+                == .invalid(#""{"value": 250, "transition": 601…" is not a value 0…1000 (or {"value": 500, "transition": 1.5})"#))
+        #expect(topics.command(topic: "blecontrol/rc-car/transition/2/set", payload: Array("2.5".utf8)) == .transition(channel: 2, .milliseconds(2500)))
+        #expect(topics.command(topic: "blecontrol/rc-car/transition/2/set", payload: Array("-1".utf8)) == .invalid("\"-1\" is not a transition in seconds (0…600)"))
+        #expect(topics.command(topic: "blecontrol/rc-car/move/set", payload: Array(#"{"pulse": {"0": 1200, "1": 1800}, "servo": {"2": 100}, "transition": 2}"#.utf8))
+                == .move(pulses: [.init(channel: 0, microseconds: 1200), .init(channel: 1, microseconds: 1800)], messages: [.servo(channel: 2, value: 100)], over: .seconds(2)))
+        #expect(topics.command(topic: "blecontrol/rc-car/move/set", payload: Array(#"{"servo": {"2": 1001}}"#.utf8)) == .invalid("servo 2: 1001 is not a value 0…1000"))
+        #expect(topics.command(topic: "blecontrol/rc-car/move/set", payload: Array(#"{"transition": 1}"#.utf8)) == .invalid("a move names no output"))
+        #expect(topics.command(topic: "blecontrol/rc-car/move/set", payload: Array(#"{"lcd": {"0": 1}}"#.utf8)) == .invalid("lcd is not part of a move (pulse, servo, pwm, transition)"))
+        #expect(topics.command(topic: "blecontrol/rc-car/move/set", payload: Array("[1]".utf8))
+                == .invalid(#"a move is a JSON object: {"pulse": {"0": 1500}, "servo": {…}, "pwm": {…}, "transition": 1.5}"#))
     }
 
     @Test("Board names become one topic level; prefixes without wildcards or empty levels")

@@ -149,9 +149,15 @@ def entities(board: Board) -> list[Entity]:
             found.append(Entity("number", item.object_id, item.label, icon="mdi:square-wave", unit="%",
                                 capabilities={"min": 0, "max": 100, "step": 0.1}))
         else:
-            found.append(Entity("number", item.object_id, item.label,
-                                icon="mdi:engine" if item.role == "esc" else "mdi:axis-arrow", unit=MICROSECONDS,
+            icon = "mdi:engine" if item.role == "esc" else "mdi:axis-arrow"
+            found.append(Entity("number", item.object_id, item.label, icon=icon, unit=MICROSECONDS,
                                 capabilities={"min": item.min_us, "max": item.max_us, "step": 1}))
+            # Where it has got to (the number is where it is going), and the
+            # transition of the commands that give none.
+            found.append(Entity("sensor", f"position_{item.channel}", f"{item.label} position", icon=icon,
+                                category="diagnostic", unit=MICROSECONDS, capabilities={"state_class": "measurement"}))
+            found.append(Entity("number", f"transition_{item.channel}", f"{item.label} transition", icon="mdi:timer-outline",
+                                category="config", unit="s", capabilities={"min": 0, "max": 600, "step": 0.1}))
         found.append(Entity("switch", f"enable_{item.channel}", f"{item.label} output", icon="mdi:power",
                             category="config"))
     for item in board.switches:

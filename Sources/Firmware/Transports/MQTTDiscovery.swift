@@ -58,6 +58,7 @@ public struct MQTTDiscovery: Sendable, Equatable {
         static let enable = "mdi:power"
         static let toggle = "mdi:toggle-switch-outline"
         static let text = "mdi:card-text-outline"
+        static let transition = "mdi:timer-outline"
     }
 
     public init(configuration: BoardConfiguration, topics: MQTTTopics, prefix: String, version: String, hardware: Hardware, configurationURL: String? = nil) {
@@ -114,6 +115,28 @@ public struct MQTTDiscovery: Sendable, Equatable {
                     ("unit_of_measurement", .string("\u{03BC}s")),
                     ("min", .number(decimal(low))), ("max", .number(decimal(high))), ("step", .number("1")),
                     ("mode", .string("slider")),
+                ]))
+                // Where the servo has got to (the number above is where it
+                // is going), with its motion as attributes.
+                entities.append(entity("sensor", "position_\(number)", "\(item.displayName) position", icon: item.role == .esc ? Icon.esc : Icon.servo,
+                                       category: "diagnostic", [
+                    ("state_topic", .string(topics.status)),
+                    ("value_template", .string(find("channels", "channel", number, "c.pulse_us", missing: "'None'"))),
+                    ("unit_of_measurement", .string("\u{03BC}s")),
+                    ("state_class", .string("measurement")),
+                    ("json_attributes_topic", .string(topics.status)),
+                    ("json_attributes_template", .string(find("channels", "channel", number,
+                        "{'moving': c.get('moving', false), 'setpoint_us': c.get('setpoint_us'), 'released': c.get('released', false)} | tojson",
+                        missing: "{} | tojson"))),
+                ]))
+                // The move's time for the commands that give none: Home
+                // Assistant's number, a user's automation.
+                entities.append(entity("number", "transition_\(number)", "\(item.displayName) transition", icon: Icon.transition, category: "config", [
+                    ("command_topic", .string("\(topics.base)/transition/\(number)/set")),
+                    ("state_topic", .string(topics.transition(number))),
+                    ("unit_of_measurement", .string("s")),
+                    ("min", .number("0")), ("max", .number("\(Int(MQTTTopics.maximumTransition))")), ("step", .number("0.1")),
+                    ("mode", .string("box")),
                 ]))
             case .pwm:
                 entities.append(entity("number", "pwm_\(number)", item.displayName, icon: Icon.pwm, [

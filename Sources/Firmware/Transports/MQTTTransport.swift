@@ -43,6 +43,9 @@ public final class MQTTTransport: @unchecked Sendable {
     private var settleUntil: ContinuousClock.Instant?
     /// The board's channels (for `…/pulse/N/set`) and what discovery says of the hardware.
     private var channels: [ChannelConfiguration] = []
+    /// Each channel's transition for the `…/set` commands that give none
+    /// (`…/transition/N/set`); kept while the daemon runs, across reloads.
+    private var transitions: [UInt8: Duration] = [:]
     private let hardware: MQTTDiscovery.Hardware
     /// How long after the last change the status is still watched: what a
     /// command sets off can take this long to show (an ESC's failsafe dwell,
@@ -161,6 +164,7 @@ public final class MQTTTransport: @unchecked Sendable {
         withdraw(keeping: current)
         publishStatus(force: true)
         announce()
+        for channel in channels where channel.role != .pwm { publishTransition(UInt8(channel.channel)) }
     }
 
     // MARK: Connection
@@ -207,7 +211,7 @@ public final class MQTTTransport: @unchecked Sendable {
         }
         pendingSubscriptions = []
         do {
-            for filter in [topics.frames, topics.setFilter] {
+            for filter in [topics.frames, topics.setFilter, topics.move] {
                 // QoS 0: a servo command is worth only its newest value, and a
                 // redelivered old one (QoS 1 after a reconnect) would move an
                 // output backwards; TCP keeps one publisher's messages in order.
@@ -235,6 +239,7 @@ public final class MQTTTransport: @unchecked Sendable {
         lastStatus = nil
         publishStatus(force: true)
         announce()
+        for channel in channels where channel.role != .pwm { publishTransition(UInt8(channel.channel)) }
         statusMayHaveChanged()
         state = "connected to \(endpointText) as \(topics.base)"
         logger.info("MQTT: \(state)")
@@ -278,23 +283,70 @@ public final class MQTTTransport: @unchecked Sendable {
             // A message is whole frames: a frame cut at its end is not
             // continued by the next message (which may be another client's).
             hub.endOfMessage(session)
-        case .message(let message):
-            hub.receive(FrameEncoder.encode(message), for: session)
-        case .pulse(let channel, let microseconds):
-            // µs (Home Assistant's number) to the SERVO_VAL that gives it on
-            // this channel, calibration and inversion undone.
-            switch PulseRequest.servoValue(microseconds, channel: Int(channel), of: channels, clamp: true) {
-            case .success(let value):
-                hub.receive(FrameEncoder.encode(.servo(channel: channel, value: value)), for: session)
-            case .failure(let refusal):
-                let hint = refusal == .pwmChannel(Int(channel)) ? " (…/pwm/\(channel)/set)" : ""
-                refuse("\(topic): \(refusal)\(hint)", session: session)
+        case .message(let message, let over):
+            let channel: UInt8? = switch message {
+            case .servo(let channel, _), .pwm(let channel, _): channel
+            default: nil
             }
+            apply(FrameEncoder.encode(message), over: over ?? channel.flatMap { transitions[$0] }, session: session)
+        case .pulse(let channel, let microseconds, let over):
+            switch servoFrame(channel: channel, microseconds: microseconds) {
+            case .success(let frame): apply(frame, over: over ?? transitions[channel], session: session)
+            case .failure(let why): refuse("\(topic): \(why)", session: session)
+            }
+        case .move(let pulses, let messages, let over):
+            // All or nothing: one pulse outside its channel's calibration
+            // refuses the whole move, before any output moves.
+            var bytes: [UInt8] = []
+            for target in pulses {
+                switch servoFrame(channel: target.channel, microseconds: target.microseconds) {
+                case .success(let frame): bytes += frame
+                case .failure(let why): return refuse("\(topic): \(why); nothing moved", session: session)
+                }
+            }
+            for message in messages { bytes += FrameEncoder.encode(message) }
+            apply(bytes, over: over, session: session)
+        case .transition(let channel, let duration):
+            guard channels.contains(where: { $0.channel == Int(channel) && $0.role != .pwm }) else {
+                return refuse("\(topic): channel \(channel) is not a servo or ESC channel of this board", session: session)
+            }
+            transitions[channel] = duration == .zero ? nil : duration
+            publishTransition(channel)
         case .invalid(let why):
             refuse("\(topic): \(why)", session: session)
         case .ignored:
             break
         }
+    }
+
+    /// Frames from the broker's session, their values moving in `over`
+    /// (together) when given.
+    private func apply(_ bytes: [UInt8], over: Duration?, session: Session) {
+        session.moveDuration = over
+        hub.receive(bytes, for: session)
+        session.moveDuration = nil
+    }
+
+    /// µs (Home Assistant's number) to the SERVO_VAL frame that gives it on
+    /// `channel`, calibration and inversion undone (clamped to it).
+    private func servoFrame(channel: UInt8, microseconds: Double) -> Result<[UInt8], PulseRefusal> {
+        switch PulseRequest.servoValue(microseconds, channel: Int(channel), of: channels, clamp: true) {
+        case .success(let value):
+            return .success(FrameEncoder.encode(.servo(channel: channel, value: value)))
+        case .failure(let refusal):
+            return .failure(PulseRefusal(description: "\(refusal)" + (refusal == .pwmChannel(Int(channel)) ? " (…/pwm/\(channel)/set)" : "")))
+        }
+    }
+
+    struct PulseRefusal: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// `…/transition/N`, retained: the channel's transition in seconds
+    /// (0: none), for Home Assistant's number.
+    private func publishTransition(_ channel: UInt8) {
+        let seconds = transitions[channel].map { Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18 } ?? 0
+        client?.publish(topics.transition(Int(channel)), Array(seconds.fixed(1).utf8), retain: true)
     }
 
     /// A message the broker should not have sent (it ignored the Maximum
@@ -444,12 +496,33 @@ public struct MQTTTopics: Sendable, Equatable {
     public var failsafe: String { "\(base)/failsafe" }
     /// The per-output command topics: `…/servo/N/set` and the like.
     public var setFilter: String { "\(base)/+/+/set" }
+    /// Several outputs in one command (JSON), moved together.
+    public var move: String { "\(base)/move/set" }
+    /// A channel's transition for the `…/set` commands, retained (seconds).
+    public func transition(_ channel: Int) -> String { "\(base)/transition/\(channel)" }
+
+    /// The longest transition a command may ask for, in seconds (as the
+    /// control socket's over_ms).
+    public static let maximumTransition = 600.0
+
+    /// A pulse a move asks of a channel.
+    public struct PulseTarget: Equatable, Sendable {
+        public var channel: UInt8
+        public var microseconds: Double
+    }
 
     public enum Command: Equatable {
         case frames([UInt8])
-        case message(Message)
+        /// `over`: the payload's `transition` (nil: none given).
+        case message(Message, over: Duration? = nil)
         /// `…/pulse/N/set`: a servo or ESC channel's pulse in µs.
-        case pulse(channel: UInt8, microseconds: Double)
+        case pulse(channel: UInt8, microseconds: Double, over: Duration? = nil)
+        /// `…/move/set`: several outputs at once, finishing together when
+        /// a transition is given (pulses in µs by channel, then the values).
+        case move(pulses: [PulseTarget], messages: [Message], over: Duration?)
+        /// `…/transition/N/set`: the channel's transition for the `…/set`
+        /// commands that give none (zero: none).
+        case transition(channel: UInt8, Duration)
         case invalid(String)
         /// Not a command topic (our own publications).
         case ignored
@@ -458,6 +531,7 @@ public struct MQTTTopics: Sendable, Equatable {
     /// What a message on `topic` with `payload` asks for.
     public func command(topic: String, payload: [UInt8]) -> Command {
         if topic == frames { return .frames(payload) }
+        if topic == move { return Self.move(payload) }
         guard topic.hasPrefix(base + "/") else { return .ignored }
         let levels = topic.dropFirst(base.count + 1).split(separator: "/", omittingEmptySubsequences: false)
         guard levels.count == 3, levels[2] == "set" else { return .ignored }
@@ -468,13 +542,23 @@ public struct MQTTTopics: Sendable, Equatable {
         let quoted = "\"" + String(decoding: payload.prefix(MQTTTransport.quotedPayload), as: UTF8.self) + (payload.count > MQTTTransport.quotedPayload ? "…" : "") + "\""
         switch levels[0] {
         case "pulse":
-            guard let microseconds = Double(text), microseconds.isFinite, (0...20_000).contains(microseconds) else {
-                return .invalid("\(quoted) is not a pulse in µs (such as 1500)")
+            guard case .success(let (number, over)) = Self.value(text) else {
+                return .invalid("\(quoted) is not a pulse in µs (such as 1500, or {\"value\": 1500, \"transition\": 1.5})")
             }
-            return .pulse(channel: index, microseconds: microseconds)
+            guard number.isFinite, (0...20_000).contains(number) else { return .invalid("\(quoted) is not a pulse in µs (such as 1500)") }
+            return .pulse(channel: index, microseconds: number, over: over)
         case "servo", "pwm":
-            guard let value = UInt16(text), value <= 1000 else { return .invalid("\(quoted) is not a value 0…1000") }
-            return .message(levels[0] == "servo" ? .servo(channel: index, value: value) : .pwm(channel: index, value: value))
+            guard case .success(let (number, over)) = Self.value(text) else {
+                return .invalid("\(quoted) is not a value 0…1000 (or {\"value\": 500, \"transition\": 1.5})")
+            }
+            guard number == number.rounded(), (0...1000).contains(number) else { return .invalid("\(quoted) is not a value 0…1000") }
+            let value = UInt16(number)
+            return .message(levels[0] == "servo" ? .servo(channel: index, value: value) : .pwm(channel: index, value: value), over: over)
+        case "transition":
+            guard let seconds = Double(text), seconds.isFinite, (0...Self.maximumTransition).contains(seconds) else {
+                return .invalid("\(quoted) is not a transition in seconds (0…\(Int(Self.maximumTransition)))")
+            }
+            return .transition(channel: index, .milliseconds(Int64((seconds * 1000).rounded())))
         case "switch", "enable":
             let on: Bool
             switch text.uppercased() {
@@ -487,7 +571,72 @@ public struct MQTTTopics: Sendable, Equatable {
             guard payload.count <= Message.maximumTextLength else { return .invalid("text longer than \(Message.maximumTextLength) bytes") }
             return .message(.lcdText(line: index, text: payload.filter { $0 != 0 }))
         default:
-            return .invalid("\(levels[0].prefix(16)) is not an output kind (servo, pulse, pwm, switch, enable, lcd)")
+            return .invalid("\(levels[0].prefix(16)) is not an output kind (servo, pulse, pwm, switch, enable, lcd, transition)")
         }
+    }
+
+    /// A transition in seconds → the move's time (nil for none: zero, or
+    /// absent), or why not.
+    static func transition(_ value: JSONValue?) -> Result<Duration?, Invalid> {
+        guard let value else { return .success(nil) }
+        guard case .number(let text) = value, let seconds = Double(text), seconds.isFinite, (0...maximumTransition).contains(seconds) else {
+            return .failure(Invalid(why: "transition must be seconds, 0…\(Int(maximumTransition))"))
+        }
+        let milliseconds = Int64((seconds * 1000).rounded())
+        return .success(milliseconds == 0 ? nil : .milliseconds(milliseconds))
+    }
+
+    /// A `…/set` payload's number: plain (`1500`), or an object with a
+    /// transition (`{"value": 1500, "transition": 1.5}`, seconds: Home
+    /// Assistant's light transitions use the same word and unit).
+    static func value(_ text: String) -> Result<(Double, Duration?), Invalid> {
+        if let number = Double(text) { return .success((number, nil)) }
+        guard text.hasPrefix("{"), let object = try? JSONValue.parse(Array(text.utf8)),
+              case .number(let numberText)? = object["value"], let number = Double(numberText),
+              case .success(let over) = transition(object["transition"]) else { return .failure(Invalid()) }
+        return .success((number, over))
+    }
+
+    struct Invalid: Error {
+        var why = ""
+    }
+
+    /// `…/move/set`: `{"pulse": {"0": 1500, "1": 1200}, "servo": {"2": 500},
+    /// "pwm": {"4": 250}, "transition": 1.5}`: every output named moves,
+    /// and with a transition they all arrive together.
+    static func move(_ payload: [UInt8]) -> Command {
+        guard let object = try? JSONValue.parse(payload), case .object(let members) = object else {
+            return .invalid("a move is a JSON object: {\"pulse\": {\"0\": 1500}, \"servo\": {…}, \"pwm\": {…}, \"transition\": 1.5}")
+        }
+        var pulses: [PulseTarget] = []
+        var messages: [Message] = []
+        var over: Duration?
+        for (key, value) in members {
+            if key == "transition" {
+                switch transition(value) {
+                case .success(let duration): over = duration
+                case .failure(let invalid): return .invalid(invalid.why)
+                }
+                continue
+            }
+            guard ["pulse", "servo", "pwm"].contains(key), case .object(let entries) = value else {
+                return .invalid("\(key.prefix(16)) is not part of a move (pulse, servo, pwm, transition)")
+            }
+            for (name, entry) in entries {
+                guard let channel = UInt8(name) else { return .invalid("\(name.prefix(16)) is not a channel number (0…255)") }
+                guard case .number(let text) = entry, let number = Double(text), number.isFinite else {
+                    return .invalid("\(key) \(channel): not a number")
+                }
+                if key == "pulse" {
+                    guard (0...20_000).contains(number) else { return .invalid("pulse \(channel): \(text) is not a pulse in µs") }
+                    pulses.append(PulseTarget(channel: channel, microseconds: number))
+                } else {
+                    guard number == number.rounded(), (0...1000).contains(number) else { return .invalid("\(key) \(channel): \(text) is not a value 0…1000") }
+                    messages.append(key == "servo" ? .servo(channel: channel, value: UInt16(number)) : .pwm(channel: channel, value: UInt16(number)))
+                }
+            }
+        }
+        guard !pulses.isEmpty || !messages.isEmpty else { return .invalid("a move names no output") }
+        return .move(pulses: pulses, messages: messages, over: over)
     }
 }
