@@ -117,10 +117,21 @@ public struct StatusReport: Codable, Sendable, Equatable {
         public var maxLcdChunksWaited: Int
         /// The longest a servo write waited for the bus.
         public var maxBusWaitUs: Int
+        /// Motion (channels with limits, timed moves): the PWM periods whose
+        /// step was due, those the servo thread missed (it was late by a
+        /// period or more and took two steps in one write), and how late
+        /// each step was after its period began. Absent until something moved.
+        public var motionPeriods: Int?
+        public var motionPeriodsMissed: Int?
+        public var motionLatenessP50Us: Int?
+        public var motionLatenessP99Us: Int?
+        public var motionLatenessMaxUs: Int?
 
         public init(online: Bool, error: String?, frequencyHz: Double, updates: Int, coalesced: Int, flushes: Int, busWrites: Int, failedFlushes: Int,
                     latencyP50Us: Int?, latencyP99Us: Int?, latencyMaxUs: Int?, deadlineMisses: Int, failsafe: String?, failsafeSeconds: Double?,
-                    failsafeAppliedMs: Double?, failsafes: Int, scheduling: String, maxLcdChunksWaited: Int, maxBusWaitUs: Int) {
+                    failsafeAppliedMs: Double?, failsafes: Int, scheduling: String, maxLcdChunksWaited: Int, maxBusWaitUs: Int,
+                    motionPeriods: Int? = nil, motionPeriodsMissed: Int? = nil, motionLatenessP50Us: Int? = nil, motionLatenessP99Us: Int? = nil,
+                    motionLatenessMaxUs: Int? = nil) {
             self.online = online
             self.error = error
             self.frequencyHz = frequencyHz
@@ -140,6 +151,11 @@ public struct StatusReport: Codable, Sendable, Equatable {
             self.scheduling = scheduling
             self.maxLcdChunksWaited = maxLcdChunksWaited
             self.maxBusWaitUs = maxBusWaitUs
+            self.motionPeriods = motionPeriods
+            self.motionPeriodsMissed = motionPeriodsMissed
+            self.motionLatenessP50Us = motionLatenessP50Us
+            self.motionLatenessP99Us = motionLatenessP99Us
+            self.motionLatenessMaxUs = motionLatenessMaxUs
         }
 
         enum CodingKeys: String, CodingKey {
@@ -156,6 +172,11 @@ public struct StatusReport: Codable, Sendable, Equatable {
             case failsafeSeconds = "failsafe_seconds"
             case failsafeAppliedMs = "failsafe_applied_ms"
             case failsafes, scheduling
+            case motionPeriods = "motion_periods"
+            case motionPeriodsMissed = "motion_periods_missed"
+            case motionLatenessP50Us = "motion_lateness_p50_us"
+            case motionLatenessP99Us = "motion_lateness_p99_us"
+            case motionLatenessMaxUs = "motion_lateness_max_us"
             case maxLcdChunksWaited = "max_lcd_chunks_waited"
             case maxBusWaitUs = "max_bus_wait_us"
         }

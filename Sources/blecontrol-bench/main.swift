@@ -503,8 +503,8 @@ let daemonSections: [DaemonSection] = [
 blc_allocation_counter_link()
 let arguments = Array(CommandLine.arguments.dropFirst())
 let section = arguments.first ?? "all"
-guard ["all", "foundation", "servo", "daemon", "serial", "mqtt"].contains(section) || daemonSections.contains(where: { $0.name == section }) else {
-    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | daemon DAEMON [BASELINE-DAEMON] | "
+guard ["all", "foundation", "servo", "daemon", "serial", "mqtt", "motion"].contains(section) || daemonSections.contains(where: { $0.name == section }) else {
+    print("usage: blecontrol-bench [all|foundation|servo|serial|mqtt] [frames] | motion [PERIODS] | daemon DAEMON [BASELINE-DAEMON] | "
           + daemonSections.map(\.usage).joined(separator: " | "))
     exit(2)
 }
@@ -519,6 +519,10 @@ if let daemonSection = daemonSections.first(where: { $0.name == section }) {
         print("\(section) failed: \(error)")
         exit(1)
     }
+}
+if section == "motion" {
+    do { try benchmarkMotion(periods: arguments.dropFirst().first.flatMap { Int($0) } ?? 10_000) } catch { print("benchmark failed: \(error)"); exit(1) }
+    exit(0)
 }
 if section == "mqtt" {
     do { try benchmarkMQTT() } catch { print("benchmark failed: \(error)"); exit(1) }

@@ -77,6 +77,29 @@ struct MotionTests {
         #expect(writes.last?.pulses[0] == 2000)
     }
 
+    @Test("The motion counters: a step per period on time is none missed and none late; a wake 2.5 periods late missed two, 10 ms late")
+    func motionCounters() {
+        let t0 = ContinuousClock.now
+        var engine = Self.engine([Self.channel(0, speed: 1000)], at: t0)
+        engine.resetMetrics()
+        let t1 = t0 + .seconds(1)
+        _ = engine.submit(.servo(1000), channel: 0, receivedAt: t1)
+        let writes = Self.run(&engine, from: t1)
+        #expect(engine.metrics.motionPeriods == writes.count && engine.metrics.motionPeriodsMissed == 0)
+        #expect(engine.motionLateness.summary.maximum == 0, "every step at its instant")
+
+        // Back down, the thread asleep for 2.5 periods after the first step.
+        engine.resetMetrics()
+        let t2 = t1 + .seconds(2)
+        _ = engine.submit(.servo(500), channel: 0, receivedAt: t2)
+        #expect(engine.nextAction(at: t2) == .flush)
+        engine.flushSucceeded(transactions: 1, at: t2)
+        let late = t2 + Self.period * 3 + .milliseconds(10)
+        _ = Self.run(&engine, from: late)
+        #expect(engine.metrics.motionPeriodsMissed == 2, "\(engine.metrics)")
+        #expect(engine.motionLateness.summary.maximum == 10_000, "\(engine.motionLateness.summary)")
+    }
+
     @Test("Speed and acceleration: a trapezoid within both limits, at rest at the value, in the ideal time ± one period")
     func speedAndAcceleration() {
         let (speed, acceleration) = (1000.0, 5000.0)

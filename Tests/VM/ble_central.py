@@ -350,7 +350,16 @@ async def two_centrals(device, observer, spacer):
         if not record(watching is not None, "m2", "the observer on hci%s finds the board, connects, subscribes to FFE1" % OBSERVER_HCI):
             return
         o_connection, _, o_char, o_notifications, _ = watching
-        await o_char.write_value(bytes([0x00, 0x00, 0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), with_response=True)
+        # Bounded: a write whose response never comes is a FAIL with the
+        # board's state, not a guest that hangs until the quiet guard.
+        try:
+            await asyncio.wait_for(o_char.write_value(bytes([0x00, 0x00, 0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), with_response=True), 120)
+        except asyncio.TimeoutError:
+            report = status_cli()
+            record(False, "m3", "the observer's INIT + LCD_TEXT with response was answered", {
+                "lcd": report.get("lcd"), "failsafe": report["servo"].get("failsafe"), "sessions": ble_sessions(report),
+                "servo": {key: report["servo"].get(key) for key in ("updates", "flushes", "bus_writes", "failed_flushes")}})
+            return
         ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("watching"))
         record(ok, "m3", "the observer sends INIT and LCD_TEXT only -> the LCD shows 'watching'", status_cli()["lcd"]["lines"])
         # Advertising goes on while one central is connected, or no second phone could join.

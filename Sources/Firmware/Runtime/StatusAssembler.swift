@@ -56,7 +56,11 @@ struct StatusAssembler {
                 failsafeAppliedMs: snapshot.failsafe?.appliedAfter.map { ($0.inSeconds * 10_000).rounded() / 10 },
                 failsafes: metrics.failsafes, scheduling: snapshot.scheduling,
                 maxLcdChunksWaited: parts.servoArbiters.map(\.statistics.maxDisplayTransactionsWaited).max() ?? 0,
-                maxBusWaitUs: parts.servoArbiters.map(\.statistics.maxServoWaitMicroseconds).max() ?? 0
+                maxBusWaitUs: parts.servoArbiters.map(\.statistics.maxServoWaitMicroseconds).max() ?? 0,
+                motionPeriods: metrics.motionPeriods == 0 ? nil : metrics.motionPeriods,
+                motionPeriodsMissed: metrics.motionPeriods == 0 ? nil : metrics.motionPeriodsMissed,
+                motionLatenessP50Us: snapshot.motionLateness.p50, motionLatenessP99Us: snapshot.motionLateness.p99,
+                motionLatenessMaxUs: snapshot.motionLateness.maximum
             )
         }
         var lcdStatus: StatusReport.LCD?

@@ -54,6 +54,9 @@ struct ServoEngine {
     /// Allocated here, on the thread that builds the engine, and never again
     /// by the servo thread (``ServoPath/Snapshot/latency`` says why).
     private(set) var latency = LatencyHistogram()
+    /// How late each motion step came after its period began (the same
+    /// preallocated histogram: recording allocates nothing).
+    private(set) var motionLateness = LatencyHistogram()
     private(set) var failsafe: ServoPath.Failsafe?
     private var flushTokens = 0.0
     private var tokensAt: ContinuousClock.Instant?
@@ -326,6 +329,7 @@ struct ServoEngine {
     mutating func resetMetrics() {
         metrics = ServoPath.Metrics()
         latency.reset()
+        motionLateness.reset()
     }
 
     /// A reloaded board file: channels whose configuration is unchanged keep
@@ -494,6 +498,9 @@ struct ServoEngine {
         guard now >= tick else { return tick }
         let period = timing.period
         let steps = min(1 + Int(((now - tick) / period).rounded(.down)), 50)
+        metrics.motionPeriods += steps
+        metrics.motionPeriodsMissed += steps - 1
+        motionLateness.record(now - tick - period * (steps - 1))
         let dt = period.inSeconds
         for channel in configured where moving[channel] {
             for _ in 0..<steps where moving[channel] { step(channel, dt: dt) }

@@ -70,6 +70,10 @@ public final class ServoPath: @unchecked Sendable {
         /// PWM period: they missed the period they could have made.
         public var deadlineMisses = 0
         public var failsafes = 0
+        /// Motion steps due (one per PWM period while something moves), and
+        /// those taken late by a whole period or more (two in one write).
+        public var motionPeriods = 0
+        public var motionPeriodsMissed = 0
     }
 
     /// Everything status shows, taken under the lock at one instant.
@@ -84,6 +88,8 @@ public final class ServoPath: @unchecked Sendable {
         /// histogram (92 KiB): if one did, the thread's next flush would copy
         /// it (copy on write), allocating on the real-time path (issue #29).
         public var latency: LatencyHistogram.Summary
+        /// How late each motion step was after its period began.
+        public var motionLateness: LatencyHistogram.Summary
         /// The servo thread's scheduling: "SCHED_FIFO 50" or why not.
         public var scheduling: String
     }
@@ -292,7 +298,8 @@ public final class ServoPath: @unchecked Sendable {
     public func snapshot(latency: Bool = true) -> Snapshot {
         condition.withLock {
             Snapshot(channels: engine.snapshotChannels, online: online, lastError: lastError, failsafe: engine.failsafe, metrics: engine.metrics,
-                     latency: latency ? engine.latency.summary : LatencyHistogram.Summary(), scheduling: scheduling)
+                     latency: latency ? engine.latency.summary : LatencyHistogram.Summary(),
+                     motionLateness: latency ? engine.motionLateness.summary : LatencyHistogram.Summary(), scheduling: scheduling)
         }
     }
 

@@ -462,6 +462,11 @@ public final class MQTTTransport: @unchecked Sendable {
             servo.failsafeSeconds = nil
             servo.maxLcdChunksWaited = 0
             servo.maxBusWaitUs = 0
+            servo.motionPeriods = nil
+            servo.motionPeriodsMissed = nil
+            servo.motionLatenessP50Us = nil
+            servo.motionLatenessP99Us = nil
+            servo.motionLatenessMaxUs = nil
             shown.servo = servo
         }
         if var lcd = shown.lcd {
