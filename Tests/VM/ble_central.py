@@ -341,6 +341,15 @@ async def two_centrals(device, observer, spacer):
     if not record(observer is not None and spacer is not None, "m1",
                   "Bumble hosts on hci%s (observer) and hci%s (spacer) for the two-centrals phase" % (OBSERVER_HCI, SPACER_HCI)):
         return
+    # The scenario's central left channel 0 in failsafe, and only a command
+    # for channel 0 from a central, or the operator, ends it (issue 36): the
+    # operator does, so this phase starts from a board in no failsafe and
+    # its LCD shows the centrals' text, not the failsafe's.
+    cleared = subprocess.run([CLI, "failsafe", "clear", "--socket", SOCKET], capture_output=True, text=True, timeout=20)
+    ok = cleared.returncode == 0 and await wait_for(lambda: status_cli()["servo"].get("failsafe") is None)
+    if not record(ok, "m0", "the scenario's failsafe ended by the operator (blecontrol failsafe clear)",
+                  (cleared.returncode, cleared.stdout.strip(), cleared.stderr.strip(), status_cli()["servo"].get("failsafe"))):
+        return
     await spacer.start_advertising(auto_restart=False)
     spacing = await device.connect(spacer.random_address, timeout=20)
     o_connection = None
