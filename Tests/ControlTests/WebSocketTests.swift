@@ -10,7 +10,7 @@ struct WebSocketTests {
         if payload.count < 126 {
             bytes.append(0x80 | UInt8(payload.count))
         } else {
-            bytes += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+            bytes += [UInt8(0x80 | 126), UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
         }
         bytes += mask
         bytes += payload.enumerated().map { $0.element ^ mask[$0.offset & 3] }
