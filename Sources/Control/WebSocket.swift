@@ -69,67 +69,80 @@ public enum WebSocket {
 
         /// Appends `bytes` and returns the whole messages they complete.
         public mutating func push(_ bytes: some Collection<UInt8>) throws(Violation) -> [Event] {
-            guard !failed else { return [] }
-            buffer.append(contentsOf: bytes)
-            var events: [Event] = []
-            do {
-                while let event = try next() { events.append(event) }
-            } catch {
-                failed = true
-                buffer = []
-                throw error
+            switch feed(bytes) {
+            case .success(let events): return events
+            case .failure(let violation): throw violation
             }
-            return events
         }
 
-        private mutating func next() throws(Violation) -> Event? {
+        /// ``push(_:)`` as a result (no `do`/`catch` needed to read the
+        /// violation's code).
+        public mutating func feed(_ bytes: some Collection<UInt8>) -> Result<[Event], Violation> {
+            guard !failed else { return .success([]) }
+            buffer.append(contentsOf: bytes)
+            var events: [Event] = []
             while true {
-                guard buffer.count >= 2 else { return nil }
+                switch next() {
+                case .success(let event?):
+                    events.append(event)
+                case .success(nil):
+                    return .success(events)
+                case .failure(let violation):
+                    failed = true
+                    buffer = []
+                    return .failure(violation)
+                }
+            }
+        }
+
+        private mutating func next() -> Result<Event?, Violation> {
+            while true {
+                guard buffer.count >= 2 else { return .success(nil) }
                 let first = buffer[0], second = buffer[1]
-                guard first & 0x70 == 0 else { throw .protocol("reserved bits set (no extension was agreed)") }
-                guard let opcode = Opcode(rawValue: first & 0x0F) else { throw .protocol("unknown opcode \(first & 0x0F)") }
+                guard first & 0x70 == 0 else { return .failure(.protocol("reserved bits set (no extension was agreed)")) }
+                guard let opcode = Opcode(rawValue: first & 0x0F) else { return .failure(.protocol("unknown opcode \(first & 0x0F)")) }
                 let final = first & 0x80 != 0
-                guard second & 0x80 != 0 else { throw .protocol("a client frame without a mask") }
+                guard second & 0x80 != 0 else { return .failure(.protocol("a client frame without a mask")) }
                 var length = UInt64(second & 0x7F)
                 var offset = 2
                 if length == 126 {
-                    guard buffer.count >= 4 else { return nil }
+                    guard buffer.count >= 4 else { return .success(nil) }
                     length = UInt64(buffer[2]) << 8 | UInt64(buffer[3])
                     offset = 4
                 } else if length == 127 {
-                    guard buffer.count >= 10 else { return nil }
+                    guard buffer.count >= 10 else { return .success(nil) }
                     length = buffer[2..<10].reduce(0) { $0 << 8 | UInt64($1) }
                     offset = 10
                 }
                 if opcode.isControl {
-                    guard final, length <= 125 else { throw .protocol("a control frame fragmented or over 125 bytes") }
+                    guard final, length <= 125 else { return .failure(.protocol("a control frame fragmented or over 125 bytes")) }
                 }
                 let held = UInt64(fragments?.payload.count ?? 0)
                 guard length <= UInt64(maximumMessage) - (opcode.isControl ? 0 : held) else {
-                    throw Violation(code: 1009, description: "a message over \(maximumMessage) bytes")
+                    return .failure(Violation(code: 1009, description: "a message over \(maximumMessage) bytes"))
                 }
                 let total = offset + 4 + Int(length)
-                guard buffer.count >= total else { return nil }
+                guard buffer.count >= total else { return .success(nil) }
                 let mask = Array(buffer[offset..<(offset + 4)])
                 var payload = Array(buffer[(offset + 4)..<total])
                 for index in payload.indices { payload[index] ^= mask[index & 3] }
                 buffer.removeFirst(total)
                 switch opcode {
                 case .ping:
-                    return .ping(payload)
+                    return .success(.ping(payload))
                 case .pong:
-                    return .pong
+                    return .success(.pong)
                 case .close:
-                    guard payload.count != 1 else { throw .protocol("a close frame with a one-byte body") }
-                    return .close(payload.count >= 2 ? UInt16(payload[0]) << 8 | UInt16(payload[1]) : nil)
+                    guard payload.count != 1 else { return .failure(.protocol("a close frame with a one-byte body")) }
+                    return .success(.close(payload.count >= 2 ? UInt16(payload[0]) << 8 | UInt16(payload[1]) : nil))
                 case .continuation:
-                    guard var message = fragments else { throw .protocol("a continuation frame with no message to continue") }
+                    guard var message = fragments else { return .failure(.protocol("a continuation frame with no message to continue")) }
                     message.payload += payload
                     fragments = final ? nil : message
-                    if final { return Self.message(message.opcode, message.payload) }
+                    if final { return .success(Self.message(message.opcode, message.payload)) }
                 case .text, .binary:
-                    guard fragments == nil else { throw .protocol("a new message before the last one's final fragment") }
-                    if final { return Self.message(opcode, payload) }
+                    guard fragments == nil else { return .failure(.protocol("a new message before the last one's final fragment")) }
+                    if final { return .success(Self.message(opcode, payload)) }
                     fragments = (opcode, payload)
                 }
             }

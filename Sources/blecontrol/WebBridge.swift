@@ -115,10 +115,9 @@ final class WebBridge {
 
     private func fromBrowser(_ bytes: ArraySlice<UInt8>) {
         let events: [WebSocket.Event]
-        do {
-            events = try decoder.push(bytes)
-        } catch {
-            return close("the page broke the WebSocket protocol: \(error)", code: error.code)
+        switch decoder.feed(bytes) {
+        case .success(let decoded): events = decoded
+        case .failure(let violation): return close("the page broke the WebSocket protocol: \(violation)", code: violation.code)
         }
         for event in events where !closed {
             switch event {

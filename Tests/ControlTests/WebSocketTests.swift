@@ -50,14 +50,10 @@ struct WebSocketTests {
     func violations() throws {
         func code(_ bytes: [UInt8]) -> UInt16? {
             var decoder = WebSocket.Decoder()
-            do {
-                _ = try decoder.push(bytes)
-                return nil
-            } catch {
-                let after = try? decoder.push(masked(0x2, [1]))
-                #expect(after == [], "nothing after a violation")
-                return error.code
-            }
+            guard case .failure(let violation) = decoder.feed(bytes) else { return nil }
+            let after = try? decoder.push(masked(0x2, [1]))
+            #expect(after == [], "nothing after a violation")
+            return violation.code
         }
         #expect(code([0x82, 0x01, 0x00]) == 1002, "unmasked")
         #expect(code([0xC2] + masked(0x2, [1]).dropFirst()) == 1002, "a reserved bit")
