@@ -72,6 +72,9 @@ struct BoardFileTests {
         #expect(servo.channels.map(\.channel) == Array(0...17))
         #expect(servo.channels.prefix(9).allSatisfy { $0.chip == 0 } && servo.channels.suffix(9).allSatisfy { $0.chip == 1 })
         #expect(servo.channels.map(\.output) == Array(0...8) + Array(0...8))
+        // Every joint ramps and starts at its centre: a gait's moves start and end together.
+        #expect(servo.channels.allSatisfy { $0.motion == MotionLimits(speed: 1200, acceleration: 12000) && $0.start?.value == 1500 },
+                "\(servo.channels.map { ($0.motion, $0.start) })")
     }
 
     @Test("Motion limits: speed_us_per_s and accel_us_per_s2 on servo and ESC channels; a PWM channel or a bad number is named")

@@ -209,6 +209,30 @@ struct TimedMoveTests {
         #expect(writes[0].pulses[2] == 1502 && arrival(2, 2000) == 249, "the speed limit wins: 2 µs a period, 250 periods")
     }
 
+    @Test("A hexapod's gait step: 18 channels on two chips, each with board/hexapod.yaml's limits, given one time, all arrive on the same period, every period writing all 18")
+    func hexapodGait() {
+        let t0 = ContinuousClock.now
+        let legs = (0..<18).map { number in
+            ChannelConfiguration(channel: number, output: number % 9, role: .servo, minimum: Microseconds(900), center: Microseconds(1500),
+                                 maximum: Microseconds(2100), failsafe: .hold, failsafeDwell: .milliseconds(0), chip: number / 9,
+                                 motion: MotionLimits(speed: 1200, acceleration: 12000))
+        }
+        var engine = MotionTests.engine(legs, at: t0)
+        let t1 = t0 + .seconds(1)
+        // Each joint its own distance (0 to 340 µs), one second for all: a timed move goes at its steady speed.
+        for leg in legs {
+            _ = engine.submit(.servo(UInt16(500 + (leg.channel % 6) * 40 - (leg.channel / 6) * 40)), channel: leg.channel, receivedAt: t1, over: .seconds(1))
+        }
+        let writes = MotionTests.run(&engine, from: t1, limit: 1000)
+        let moving = legs.filter { abs((engine.state($0.channel)?.currentPulse ?? 0) - 1500) > 0.5 }.map(\.channel)
+        let arrivals = moving.map { channel in writes.lastIndex { $0.pulses[channel] != nil } }
+        #expect(!moving.isEmpty && Set(arrivals).count == 1, "every moving joint's last step on one period: \(arrivals)")
+        #expect(arrivals.first == 49, "the 50th period, one second: \(String(describing: arrivals.first))")
+        #expect(writes.dropLast().allSatisfy { write in moving.allSatisfy { write.pulses[$0] != nil } }, "each period wrote every moving joint")
+        #expect(writes.allSatisfy { $0.at >= t1 } && zip(writes, writes.dropFirst()).allSatisfy { $1.at - $0.at == MotionTests.period },
+                "one write a period, each a period after the last")
+    }
+
     @Test("A timed move on a channel without limits, from a known pulse; the first value still jumps")
     func timedFromKnownPulse() {
         let t0 = ContinuousClock.now

@@ -538,7 +538,11 @@ struct ServoEngine {
             speed = direction * top
         }
         var next = here + speed * dt
-        if (target - next) * direction <= 0 {
+        // Arrived, or within a rounding error of it: a timed move's steps
+        // (distance ÷ periods) added up in floating point can fall short by
+        // a billionth of a µs, which would cost one more period and finish
+        // one joint of a gait a period after the others.
+        if (target - next) * direction <= 1e-6 {
             next = target
             speed = 0
         }
