@@ -58,6 +58,11 @@ class Bridge:
             raise Refused(101, "wrong Sec-WebSocket-Accept")
 
     def send_frame(self, opcode, payload, masked=True, final=True):
+        self.sock.sendall(self.frame(opcode, payload, masked, final))
+
+    @staticmethod
+    def frame(opcode, payload, masked=True, final=True):
+        """One client frame's bytes."""
         header = bytes([(0x80 if final else 0) | opcode])
         length = len(payload)
         mask_bit = 0x80 if masked else 0
@@ -71,7 +76,7 @@ class Bridge:
             mask = os.urandom(4)
             payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
             header += mask
-        self.sock.sendall(header + payload)
+        return header + payload
 
     def send(self, data):
         self.send_frame(0x2, bytes(data))
