@@ -84,8 +84,7 @@ public final class ControlClient {
 
     /// Sends one request and waits for its response line.
     public func request(_ request: ControlProtocol.Request) throws -> ControlProtocol.Response {
-        var line = try JSONEncoderLite().encode(request)
-        line.append(UInt8(ascii: "\n"))
+        let line = try ControlProtocol.line(request)
         do {
             _ = try line.withUnsafeBytes { try fd.writeAll($0) }
         } catch {

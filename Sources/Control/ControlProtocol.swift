@@ -104,7 +104,16 @@ public enum ControlProtocol {
 
     /// A response as one line (newline included).
     public static func line(_ response: Response) throws -> [UInt8] {
-        var bytes = try JSONEncoderLite().encode(response)
+        try line(encoding: response)
+    }
+
+    /// A request as one line (newline included).
+    public static func line(_ request: Request) throws -> [UInt8] {
+        try line(encoding: request)
+    }
+
+    private static func line(encoding value: some Encodable) throws -> [UInt8] {
+        var bytes = try JSONEncoderLite().encode(value)
         bytes.append(UInt8(ascii: "\n"))
         return bytes
     }

@@ -71,9 +71,7 @@ private func motionRun(ramped: Bool, realtime: Bool, busy: Bool, cores: Int, per
     let every = ramped ? 25 : 1
     var round = 0
     while round * every < periods {
-        let due = start + period * (round * every)
-        let now = ContinuousClock.now
-        if due > now { usleep(useconds_t(max(0, Int((due - now).inSeconds * 1e6)))) }
+        pause(until: start + period * (round * every))
         var batch: [UInt8] = []
         for channel in UInt8(0)..<8 {
             let value: UInt16 = ramped ? (round % 2 == 0 ? 1000 : 0) : UInt16((round * 37 + Int(channel) * 101) % 1001)

@@ -380,9 +380,7 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
     let start = ContinuousClock.now
     for index in 0..<frames {
         // Paced on absolute instants: 2 ms apart, 500 frames/s.
-        let due = start + .microseconds(Int64(index) * 2000)
-        let now = ContinuousClock.now
-        if due > now { usleep(useconds_t(max(0, Int(now.duration(to: due).inSeconds * 1e6)))) }
+        pause(until: start + .microseconds(Int64(index) * 2000))
         try central.send(FrameEncoder.encode(.servo(channel: UInt8(index % 8), value: UInt16((index * 7) % 1001))))
     }
     usleep(100_000)
@@ -390,6 +388,13 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
     flooding.value = false
     let servo = try runtime.status().servo!
     return (servo.latencyP50Us ?? -1, servo.latencyP99Us ?? -1, servo.latencyMaxUs ?? -1, frames, servo.busWrites, servo.flushes, servo.maxLcdChunksWaited, servo.maxBusWaitUs, elapsed, servo.scheduling)
+}
+
+/// Sleeps (blocking) until `due`; at once if it has passed: a workload
+/// paced on absolute instants does not drift by the time each step took.
+func pause(until due: ContinuousClock.Instant) {
+    let now = ContinuousClock.now
+    if due > now { usleep(useconds_t(max(0, Int(now.duration(to: due).inSeconds * 1e6)))) }
 }
 
 final class LockedFlag: @unchecked Sendable {

@@ -426,15 +426,19 @@ enum EmbeddedWeb {
     }
   }
 
-  function onDisconnected() {
+  /** Lets go of the link: the writer's queue and, through the server, the bridge's socket and its pending writes. */
+  function dropLink() {
     writer.detach();
-    if (socket) {
-      const closing = socket;
-      socket = null;
-      closing.onclose = null;
-      closing.close();
-      for (const pending of answers.splice(0)) pending.reject(new Error('disconnected'));
-    }
+    if (!socket) return;
+    const closing = socket;
+    socket = null;
+    closing.onclose = null;
+    closing.close();
+    for (const pending of answers.splice(0)) pending.reject(new Error('disconnected'));
+  }
+
+  function onDisconnected() {
+    dropLink();
     $('alert').hidden = true;
     $('board').textContent = '';
     showNames(null);
@@ -613,9 +617,7 @@ enum EmbeddedWeb {
     opened.onclose = (event) => {
       if (socket !== opened) return;
       if (!ready && !leaving) {
-        socket = null;
-        writer.detach();
-        for (const pending of answers.splice(0)) pending.reject(new Error('disconnected'));
+        dropLink();
         log('error', 'the bridge refused or closed' + (event.reason ? ': ' + event.reason : '') + ' (code ' + event.code + ')');
         setState('disconnected', 'Could not connect through ' + location.host + (event.code === 1006 ? ': refused (is the token right? is blecontrold running?)' : ''));
         return;

@@ -680,14 +680,21 @@ final class WebConnection {
     }
 
     func close() {
-        guard !closed else { return }
+        if release() { Glibc.close(fd) }
+    }
+
+    /// Stops watching the descriptor and leaves the server, without closing
+    /// it (the bridge takes it over after a handshake); false when it was
+    /// released already.
+    private func release() -> Bool {
+        guard !closed else { return false }
         closed = true
         if let token { loop.unregister(token) }
         if let timer { loop.cancel(timer) }
         token = nil
         timer = nil
-        Glibc.close(fd)
         onClose(self)
+        return true
     }
 
     private func arm(_ delay: Duration, _ work: @escaping () -> Void) {
@@ -736,15 +743,8 @@ final class WebConnection {
             case .failure(let refusal):
                 respond(refusal.response)
             case .success(let accept):
-                // The bridge takes the descriptor over: this connection
-                // lets go of it without closing it.
-                if let token { loop.unregister(token) }
-                if let timer { loop.cancel(timer) }
-                token = nil
-                timer = nil
-                closed = true
-                onClose(self)
-                bridge.open(FileDescriptor(rawValue: fd), accept)
+                // The bridge takes the descriptor over.
+                if release() { bridge.open(FileDescriptor(rawValue: fd), accept) }
             }
         default:
             respond(WebHTTP.response(to: head, site: site))

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Arguments
+import Control
 import Reactor
 
 /// The token a page needs to drive the board through `blecontrol web` (as
@@ -9,21 +10,11 @@ import Reactor
 /// included, gets the page, but only the holder of the printed address gets
 /// the bridge, which acts with this process's right to the control socket.
 enum WebAccessToken {
-    /// 128 random bits, as 32 hex digits.
-    static func fresh() throws -> String {
-        var bytes = [UInt8](repeating: 0, count: 16)
-        let fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw ExitFailure("blecontrol web: cannot read /dev/urandom for a token: \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var filled = 0
-        while filled < bytes.count {
-            let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
-            if count < 0, errno == EINTR { continue }
-            guard count > 0 else { throw ExitFailure("blecontrol web: cannot read /dev/urandom for a token") }
-            filled += count
-        }
-        let digits = Array("0123456789abcdef".utf8)
-        return String(decoding: bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0x0F)]] }, as: UTF8.self)
+    /// 128 random bits, as 32 hex digits. The standard library's system
+    /// generator is the kernel's (getrandom(2)): fit for a secret.
+    static func fresh() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return ControlProtocol.hex((0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
     }
 
     /// A fresh token for this run, or (`--token-file`) the one kept in
@@ -31,10 +22,10 @@ enum WebAccessToken {
     /// its address across restarts. A file another user owns or can read,
     /// a symbolic link, or one that does not hold a token is refused.
     static func load(_ path: String?) throws -> String {
-        guard let path else { return try fresh() }
+        guard let path else { return fresh() }
         let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         if fd < 0, errno == ENOENT {
-            let token = try fresh()
+            let token = fresh()
             let created = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             guard created >= 0 else { throw ExitFailure("blecontrol web: cannot create the token file \(path): \(String(cString: strerror(errno)))") }
             defer { close(created) }

@@ -170,8 +170,7 @@ final class WebBridge {
         case .frames(let bytes): line = ControlProtocol.Request(op: .send, hex: ControlProtocol.hex(bytes))
         case .status: line = ControlProtocol.Request(op: .status)
         }
-        guard var bytes = try? JSONEncoderLite().encode(line) else { return close("cannot encode a request", code: 1011) }
-        bytes.append(UInt8(ascii: "\n"))
+        guard let bytes = try? ControlProtocol.line(line) else { return close("cannot encode a request", code: 1011) }
         daemon.send(bytes)
     }
 

@@ -33,15 +33,18 @@ struct StatusAssembler {
                 }
                 let produced = Self.produced(state, parts: parts)
                 let setpoint = Self.setpoint(state)
+                // Motion is shown for a channel with limits, and for any
+                // channel while a timed move carries it.
+                let showsMotion = !channel.motion.isUnlimited || state.moving
                 channels.append(StatusReport.Channel(
                     channel: channel.channel, output: channel.output, chip: parts.servoFrequencies.count > 1 ? "\(channel.chip)" : nil, role: "\(channel.role)",
                     enabled: state.enabled, command: command, value: value,
                     pulseUs: (produced.pulse * 10).rounded() / 10, duty: (produced.duty * 10000).rounded() / 10000,
                     latched: state.latched, name: channel.name,
                     setpointUs: setpoint.us.map { ($0 * 10).rounded() / 10 }, setpointPercent: setpoint.percent.map { ($0 * 10).rounded() / 10 },
-                    moving: channel.motion.isUnlimited && !state.moving ? nil : state.moving,
-                    position: (channel.motion.isUnlimited && !state.moving) || channel.role == .pwm || produced.pulse <= 0
-                        ? nil : Int(channel.servoValue(forPulse: Microseconds(produced.pulse))),
+                    moving: showsMotion ? state.moving : nil,
+                    position: showsMotion && channel.role != .pwm && produced.pulse > 0
+                        ? Int(channel.servoValue(forPulse: Microseconds(produced.pulse))) : nil,
                     released: channel.releaseAfter == nil ? nil : state.released
                 ))
             }

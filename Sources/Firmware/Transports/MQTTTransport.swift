@@ -164,7 +164,7 @@ public final class MQTTTransport: @unchecked Sendable {
         withdraw(keeping: current)
         publishStatus(force: true)
         announce()
-        for channel in channels where channel.role != .pwm { publishTransition(UInt8(channel.channel)) }
+        publishTransitions()
     }
 
     // MARK: Connection
@@ -239,7 +239,7 @@ public final class MQTTTransport: @unchecked Sendable {
         lastStatus = nil
         publishStatus(force: true)
         announce()
-        for channel in channels where channel.role != .pwm { publishTransition(UInt8(channel.channel)) }
+        publishTransitions()
         statusMayHaveChanged()
         state = "connected to \(endpointText) as \(topics.base)"
         logger.info("MQTT: \(state)")
@@ -295,8 +295,10 @@ public final class MQTTTransport: @unchecked Sendable {
             case .failure(let why): refuse("\(topic): \(why)", session: session)
             }
         case .move(let pulses, let messages, let over):
-            // All or nothing: one pulse outside its channel's calibration
-            // refuses the whole move, before any output moves.
+            // All or nothing: a pulse for a channel that takes none (a PWM
+            // channel, one not on the board) refuses the whole move, before
+            // any output moves; one outside a servo's calibration is
+            // clamped to it, as on …/pulse/N/set.
             var bytes: [UInt8] = []
             for target in pulses {
                 switch servoFrame(channel: target.channel, microseconds: target.microseconds) {
@@ -345,8 +347,14 @@ public final class MQTTTransport: @unchecked Sendable {
     /// `…/transition/N`, retained: the channel's transition in seconds
     /// (0: none), for Home Assistant's number.
     private func publishTransition(_ channel: UInt8) {
-        let seconds = transitions[channel].map { Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18 } ?? 0
+        let seconds = transitions[channel]?.inSeconds ?? 0
         client?.publish(topics.transition(Int(channel)), Array(seconds.fixed(1).utf8), retain: true)
+    }
+
+    /// Every servo and ESC channel's transition (at connect and after a
+    /// reload, which may add channels).
+    private func publishTransitions() {
+        for channel in channels where channel.role != .pwm { publishTransition(UInt8(channel.channel)) }
     }
 
     /// A message the broker should not have sent (it ignored the Maximum
@@ -560,10 +568,10 @@ public struct MQTTTopics: Sendable, Equatable {
             let value = UInt16(number)
             return .message(levels[0] == "servo" ? .servo(channel: index, value: value) : .pwm(channel: index, value: value), over: over)
         case "transition":
-            guard let seconds = Double(text), seconds.isFinite, (0...Self.maximumTransition).contains(seconds) else {
+            guard let duration = Self.transition(seconds: text) else {
                 return .invalid("\(quoted) is not a transition in seconds (0…\(Int(Self.maximumTransition)))")
             }
-            return .transition(channel: index, .milliseconds(Int64((seconds * 1000).rounded())))
+            return .transition(channel: index, duration)
         case "switch", "enable":
             let on: Bool
             switch text.uppercased() {
@@ -580,15 +588,21 @@ public struct MQTTTopics: Sendable, Equatable {
         }
     }
 
-    /// A transition in seconds → the move's time (nil for none: zero, or
+    /// Seconds (0…``maximumTransition``, to the millisecond) as a move's
+    /// time; nil for anything else.
+    static func transition(seconds text: String) -> Duration? {
+        guard let seconds = Double(text), seconds.isFinite, (0...maximumTransition).contains(seconds) else { return nil }
+        return .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+
+    /// A payload's `transition` → the move's time (nil for none: zero, or
     /// absent), or why not.
     static func transition(_ value: JSONValue?) -> Result<Duration?, Invalid> {
         guard let value else { return .success(nil) }
-        guard case .number(let text) = value, let seconds = Double(text), seconds.isFinite, (0...maximumTransition).contains(seconds) else {
+        guard case .number(let text) = value, let duration = transition(seconds: text) else {
             return .failure(Invalid(why: "transition must be seconds, 0…\(Int(maximumTransition))"))
         }
-        let milliseconds = Int64((seconds * 1000).rounded())
-        return .success(milliseconds == 0 ? nil : .milliseconds(milliseconds))
+        return .success(duration == .zero ? nil : duration)
     }
 
     /// A `…/set` payload's number: plain (`1500`), or an object with a
