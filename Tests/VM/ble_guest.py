@@ -106,6 +106,13 @@ class BleGuest:
                                     stdout=subprocess.PIPE, stderr=log, text=True).stdout.split()
         return all(name in listed for name in CONTROLLERS)
 
+    @staticmethod
+    def hci_timeouts() -> int:
+        """The HCI commands that timed out so far ("hciN: Opcode 0x0c03 failed:
+        -110" in the kernel's log): the sign of a set-up that failed."""
+        kernel_log = subprocess.run(["dmesg"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+        return len(re.findall(r"hci\d+: Opcode 0x[0-9a-f]+ failed: -110", kernel_log))
+
     def start_controllers(self) -> bool:
         # btvirt before bluetoothd: started after it, hci0 fails its reset (-110).
         # btvirt opens its controllers in turn and only then answers any: on a busy
@@ -132,15 +139,18 @@ class BleGuest:
                 process.terminate()
                 process.wait()
             rig.wait_until(lambda: not (bluetooth / "hci0").exists(), interval=0.1)
+            before = self.hci_timeouts()
             with open(self.out / "btvirt.log", "a") as log:
                 log.write(f"== btvirt, attempt {attempt}\n")
                 log.flush()
                 process = subprocess.Popen([btvirt, *args.split()], stdout=log, stderr=subprocess.STDOUT)
             rig.wait_until(lambda: all((bluetooth / name).exists() for name in CONTROLLERS), interval=0.1)
             # A set-up that works takes a few HCI commands; one that fails waits out
-            # the kernel's command timeout first; a slow one on a busy host is
-            # given a minute before it counts as failed.
-            listed = rig.wait_until(self.controllers_listed, tries=120, interval=0.5)
+            # the kernel's command timeout first, and the kernel says so (then the
+            # next attempt starts at once); a slow one on a busy host is given a
+            # minute before it counts as failed.
+            rig.wait_until(lambda: self.controllers_listed() or self.hci_timeouts() > before, tries=120, interval=0.5)
+            listed = self.controllers_listed()
             if listed:
                 break
         self.pids.append(process.pid)

@@ -25,24 +25,33 @@ say() { echo "blecontrol-test-setup: $*"; }
 # bringing it up by hand (HCIDEVUP) does not put it back. The sign of a
 # failed set-up: no BD address (Read BD_ADDR comes right after the reset).
 # Then a new btvirt, whose controllers are new devices with a new set-up.
+# The kernel says so at once ("hciN: Opcode 0x0c03 failed: -110", the
+# command's timeout): the next attempt starts then, not after the wait for
+# an address (which cost four minutes of every boot under TCG, the first
+# attempt after the modules load failing nearly always).
 # Bounded by iteration counts: a guard against a hang only.
 if [ "${1:-}" = btvirt ]; then
     addressed() { # HCI: the set-up got as far as reading the controller's address
         address=$(hciconfig "$1" 2>/dev/null | sed -n 's/.*BD Address: \([0-9A-F:]*\).*/\1/p')
         [ -n "$address" ] && [ "$address" != 00:00:00:00:00:00 ]
     }
+    timeouts() { # the HCI commands that timed out so far, in the kernel's log
+        dmesg 2>/dev/null | grep -c 'hci[0-9]*: Opcode 0x[0-9a-f]* failed: -110' || true
+    }
     pid=""
     for attempt in 1 2 3 4 5; do
         if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
         for _ in $(seq 1200); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
+        before=$(timeouts)
         "$dir/btvirt" -L -l2 &
         pid=$!
         ok=no
         # Bounded by tries (two minutes and more): a slow set-up on a busy
-        # host is not a failed one.
+        # host is not a failed one; a timed-out command is.
         for _ in $(seq 240); do
             if addressed hci0 && addressed hci1; then ok=yes; break; fi
             kill -0 "$pid" 2>/dev/null || break
+            [ "$(timeouts)" -eq "$before" ] || break
             sleep 0.5
         done
         if [ "$ok" = yes ]; then
