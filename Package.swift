@@ -126,7 +126,7 @@ let package = Package(
         ]),
         // The diagnosis behind `blecontrol doctor` (the CLI's, not the daemon's).
         .target(name: "Doctor", dependencies: [
-            "Board", "CMosquitto", "Control", "DBus", "BlueZ", "Devices", "Hardware", "LinuxHardware", "Reactor",
+            "Board", "CMosquitto", "Control", "DBus", "Devices", "Hardware", "LinuxHardware", "Reactor",
             .product(name: "Logging", package: "swift-log"),
         ]),
         // Interposes malloc to count allocations; linked into the benchmark only.
