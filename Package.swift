@@ -101,15 +101,25 @@ let package = Package(
         .target(name: "DeviceEmulators", dependencies: ["Hardware", "Reactor"]),
         // Board files: the YAML subset, the schema, the validated configuration.
         .target(name: "Board", dependencies: ["Devices", "Hardware", "Reactor"]),
+        // The firmware's logic: sessions, the dispatcher, the servo engine and
+        // path, the LCD, the switches, the failsafe. No transport, and no real
+        // or emulated hardware: it drives whatever buses and lines it is given.
         .target(name: "Firmware", dependencies: [
-            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "MQTT",
+            "BLEControlProtocol", "Board", "Control", "Hardware", "Devices", "Reactor",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        // A board brought to life: its buses and lines opened (Linux's or
+        // emulated), the firmware assembled on them, the transports, the
+        // control socket, reloads and the outputs record.
+        .target(name: "Runtime", dependencies: [
+            "BLEControlProtocol", "Board", "Control", "Firmware", "Hardware", "Devices", "DeviceEmulators", "LinuxHardware", "BlueZ", "Reactor", "MQTT",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "SystemPackage", package: "swift-system"),
         ]),
         // Command-line parsing without Foundation, for both executables.
         .target(name: "Arguments"),
         .executableTarget(name: "blecontrold", dependencies: [
-            "Arguments", "Board", "Control", "Firmware", "Reactor",
+            "Arguments", "Board", "Control", "Reactor", "Runtime",
             .product(name: "Logging", package: "swift-log"),
         ]),
         // The CLI: the protocol, the control client, the BLE central and the
@@ -132,7 +142,7 @@ let package = Package(
         // Interposes malloc to count allocations; linked into the benchmark only.
         .target(name: "CAllocationCounter"),
         .executableTarget(name: "blecontrol-bench", dependencies: [
-            "BLEControlProtocol", "Board", "Firmware", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "MQTT", "Reactor", "TestSupport", "CAllocationCounter",
+            "BLEControlProtocol", "Board", "Firmware", "Runtime", "Devices", "DeviceEmulators", "Hardware", "LinuxHardware", "MQTT", "Reactor", "TestSupport", "CAllocationCounter",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BLEControlProtocolTests", dependencies: protocolTestDependencies, exclude: ["Fixtures"]),
@@ -142,7 +152,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "FirmwareTests", dependencies: [
-            "Firmware", "Board", "Control", "CReactor", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
+            "Firmware", "Runtime", "Board", "Control", "CReactor", "Reactor", "BLEControlProtocol", "DeviceEmulators", "Devices", "Hardware", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "BoardTests", dependencies: ["Board", "Devices", "Hardware", "TestSupport"]),
@@ -165,7 +175,7 @@ if Context.environment["BLECONTROL_FUZZ"] == "1" {
         .target(name: "FuzzSupport", path: "Fuzz/support"),
         .executableTarget(name: "fuzz-frames", dependencies: ["BLEControlProtocol", "FuzzSupport"], path: "Fuzz/frames"),
         .executableTarget(name: "fuzz-session", dependencies: [
-            "BLEControlProtocol", "Board", "DeviceEmulators", "Devices", "Firmware", "FuzzSupport", "Hardware", "Reactor",
+            "BLEControlProtocol", "Board", "DeviceEmulators", "Devices", "Firmware", "FuzzSupport", "Hardware", "Reactor", "Runtime",
             .product(name: "Logging", package: "swift-log"),
         ], path: "Fuzz/session"),
         .executableTarget(name: "fuzz-board", dependencies: ["Board", "FuzzSupport"], path: "Fuzz/board"),

@@ -17,6 +17,7 @@ import Firmware
 import Hardware
 import Logging
 import Reactor
+import Runtime
 import FuzzSupport
 
 @_cdecl("fuzz_session_main")
@@ -40,32 +41,25 @@ final class Rig: @unchecked Sendable {
     init() throws {
         var logger = Logger(label: "fuzz")
         logger.logLevel = .critical
-        let text = EmbeddedBoards.simulator
-            .replacing("byte_time_us: 90", with: "byte_time_us: 0")
-            // No flush budget: pacing is the engine's own (virtual-time)
-            // tests' business, and here it would only slow the fuzzer down.
-            .replacing("max_flushes_per_period: 4", with: "max_flushes_per_period: 0")
-            .replacing(
-                "- { channel: 4, output: 4, role: pwm }",
-                with: "- { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 0 }")
-        configuration = try BoardFile.parse(text, path: "fuzz-board.yaml")
+        let text = EmbeddedBoards.simulator.replacing(
+            "- { channel: 4, output: 4, role: pwm }",
+            with: "- { channel: 4, output: 4, role: esc, min_us: 1000, max_us: 2000, failsafe: pulse, failsafe_us: 1000, failsafe_dwell_ms: 0 }")
+        var configuration = try BoardFile.parse(text, path: "fuzz-board.yaml")
         precondition(configuration.servo?.channels.contains { $0.role == .esc } == true, "the ESC did not make it into the board")
-        let (buses, emulators) = try BoardBuses.open(configuration, logger: logger)
-        guard let servoConfiguration = configuration.servo, let lcdConfiguration = configuration.lcd,
-              let bus = buses[servoConfiguration.chips[0].bus], let chip = emulators.pca9685.first, let display = emulators.lcd
+        // No bus time and no flush budget: pacing is the engine's own
+        // (virtual-time) tests' business, and here it would only slow the
+        // fuzzer down.
+        for name in configuration.buses.keys { configuration.buses[name]?.byteTime = .zero }
+        configuration.servo?.maxFlushesPerPeriod = 0
+        self.configuration = configuration
+        // The daemon's own assembly: buses behind their arbiters, the chips
+        // and the display emulated on them; the drivers' datasheet waits
+        // skipped (virtual time only).
+        let parts = try BoardAssembly(configuration: configuration, sleep: { _ in }, logger: logger)
+        guard let chip = parts.emulators.pca9685.first, let display = parts.emulators.lcd, let servo = parts.servo, let lcd = parts.lcd
         else { fatalError("the simulator board lost its chips") }
-        self.chip = chip
-        self.display = display
-        let driver = PCA9685(bus: bus, configuration: PCA9685.Configuration(servoConfiguration.chips[0]), logger: logger)
-        var timing = ServoPath.Timing()
-        timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
-        servo = ServoPath(driver: driver, channels: servoConfiguration.channels, timing: timing, logger: logger)
-        let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
-        let lcdDriver = HD44780(bus: bus, backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins),
-                                geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger,
-                                sleep: { _ in })
-        lcd = LCDService(driver: lcdDriver, geometry: geometry, logger: logger)
-        dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
+        (self.chip, self.display, self.servo, self.lcd) = (chip, display, servo, lcd)
+        dispatcher = parts.dispatcher(logger: logger)
         servo.start()
         lcd.start()
     }

@@ -1,7 +1,7 @@
 import BLEControlProtocol
 import Board
 import DeviceEmulators
-import Firmware
+import Runtime
 import Foundation
 import LinuxHardware
 import MQTT

@@ -1,6 +1,5 @@
 import BLEControlProtocol
 import Board
-import Firmware
 import Foundation
 import TestSupport
 

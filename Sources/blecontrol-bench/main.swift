@@ -3,6 +3,7 @@ import DeviceEmulators
 import Devices
 import Board
 import Firmware
+import Runtime
 import Foundation
 import Hardware
 import LinuxHardware

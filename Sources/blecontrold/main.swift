@@ -4,7 +4,7 @@ import Glibc
 import Arguments
 import Board
 import Control
-import Firmware
+import Runtime
 import Logging
 import Reactor
 

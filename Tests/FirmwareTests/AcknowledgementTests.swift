@@ -3,6 +3,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 /// A write with response is answered when what it commanded is applied,
 /// and only that (issue 36, item 7): another central rewriting the display

@@ -1,5 +1,6 @@
 import Board
 @testable import Firmware
+@testable import Runtime
 import Logging
 import Testing
 

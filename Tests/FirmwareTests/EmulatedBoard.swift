@@ -5,16 +5,19 @@ import Foundation
 import Hardware
 import Logging
 @testable import Firmware
+@testable import Runtime
 import Board
 import Control
 import Reactor
 import TestSupport
 
 /// The firmware core on an emulated bus, without transports: frames go in
-/// through a `Session`, outputs are read back from the emulated chips.
+/// through a `Session`, outputs are read back from the emulated chips. The
+/// board is the daemon's own assembly (``BoardAssembly``) of a board file
+/// whose bus is emulated.
 final class EmulatedBoard: @unchecked Sendable {
     let bus: EmulatedI2CBus
-    let chip = PCA9685Emulator()
+    let chip: PCA9685Emulator
     let display: LCDBackpackEmulator
     let servo: ServoPath
     let lcd: LCDService
@@ -25,27 +28,22 @@ final class EmulatedBoard: @unchecked Sendable {
 
     /// `byteTime`: how long each byte holds the emulated bus (90 µs is a
     /// 100 kHz bus), for tests where the display must be slow.
+    /// `retryInterval`: how soon a chip or display that did not answer is
+    /// tried again; a chip failing for twice that puts the outputs in failsafe.
     init(yaml: String? = nil, attachDisplay: Bool = true, retryInterval: Duration = .milliseconds(50), byteTime: Duration = .zero) throws {
-        bus = EmulatedI2CBus(byteTime: byteTime)
-        configuration = try BoardFile.parse(yaml ?? escBoard, path: "test.yaml")
-        let servoConfiguration = configuration.servo!
-        let lcdConfiguration = configuration.lcd!
+        var configuration = try BoardFile.parse(yaml ?? escBoard, path: "test.yaml")
+        for name in configuration.buses.keys { configuration.buses[name]?.byteTime = byteTime }
+        configuration.faultTimeout = retryInterval * 2
+        self.configuration = configuration
         var logger = Logger(label: "test")
         logger.logLevel = .critical
-        let arbiter = BusArbiter(bus: bus)
-        bus.attach(chip, at: servoConfiguration.chips[0].address)
-        display = LCDBackpackEmulator(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows, pinMap: lcdConfiguration.pins)
-        if attachDisplay { bus.attach(display, at: lcdConfiguration.address) }
-        let driver = PCA9685(
-            bus: arbiter.client(.servo),
-            configuration: PCA9685.Configuration(servoConfiguration.chips[0]),
-            logger: logger
-        )
-        servo = ServoPath(driver: driver, channels: servoConfiguration.channels, retryInterval: retryInterval, logger: logger)
-        let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
-        let hd44780 = HD44780(bus: arbiter.client(.display), backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins), geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger)
-        lcd = LCDService(driver: hd44780, geometry: geometry, probeInterval: retryInterval, logger: logger)
-        dispatcher = Dispatcher(servo: servo, lcd: lcd, logger: logger)
+        let parts = try BoardAssembly(configuration: configuration, retryInterval: retryInterval, logger: logger)
+        guard let lcdConfiguration = configuration.lcd, let bus = parts.emulators.buses[lcdConfiguration.bus],
+              let chip = parts.emulators.pca9685.first, let display = parts.emulators.lcd, let servo = parts.servo, let lcd = parts.lcd
+        else { throw BoardBuses.SetupError(description: "the test board needs an emulated bus with a PCA9685 and an LCD") }
+        (self.bus, self.chip, self.display, self.servo, self.lcd) = (bus, chip, display, servo, lcd)
+        if !attachDisplay { bus.detach(at: lcdConfiguration.address) }
+        dispatcher = parts.dispatcher(logger: logger)
         servo.start()
         lcd.start()
     }

@@ -8,6 +8,7 @@ import Reactor
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 // The disconnect failsafe follows the central in control (docs/protocol.md,
 // "Failsafe"): a central that leaves while an output's last command was its

@@ -7,6 +7,7 @@ import Logging
 import TestSupport
 import Testing
 @testable import Firmware
+@testable import Runtime
 import Board
 import Control
 import Reactor

@@ -5,6 +5,7 @@ import Hardware
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 import Board
 import Control
 import Reactor

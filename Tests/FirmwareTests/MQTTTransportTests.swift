@@ -7,6 +7,7 @@ import Reactor
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 private typealias Broker = MosquittoBroker
 private typealias Subscriber = MosquittoSubscriber

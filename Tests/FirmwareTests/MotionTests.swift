@@ -6,6 +6,7 @@ import Control
 import TestSupport
 import Testing
 @testable import Firmware
+@testable import Runtime
 
 /// Channels with motion limits, on virtual time: the servo engine steps a
 /// move once per PWM period along its profile, and the failsafe is never

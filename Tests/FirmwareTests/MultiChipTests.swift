@@ -5,6 +5,7 @@ import DeviceEmulators
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 /// Two PCA9685s on one emulated bus: channels on both, an ESC and a switch
 /// on the second chip.

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 #if canImport(Glibc)
 import Glibc

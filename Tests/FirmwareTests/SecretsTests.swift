@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 #if canImport(Glibc)
 import Glibc

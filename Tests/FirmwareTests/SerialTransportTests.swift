@@ -5,6 +5,7 @@ import LinuxHardware
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 /// An `HM10Stream` fed as the serial transport feeds it, on injected time:
 /// the boundary rule is a real decoder's (a session's), a `.lost` ends the

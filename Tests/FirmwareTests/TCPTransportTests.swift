@@ -5,6 +5,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Firmware
+@testable import Runtime
 
 /// What a browser page can make Chromium send to the board's TCP port: a
 /// cross-site `fetch("http://127.0.0.1:7171/…", {method: "POST", mode:

@@ -529,3 +529,9 @@ public final class ServoPath: @unchecked Sendable {
     }
 }
 
+extension PCA9685.Configuration {
+    /// The driver settings of a board file's chip.
+    public init(_ chip: PCA9685Chip) {
+        self.init(address: chip.address, frequency: chip.frequency, oscillator: chip.oscillator, totemPole: chip.totemPole)
+    }
+}

@@ -48,14 +48,7 @@ public final class Dispatcher: @unchecked Sendable {
     /// Starts a new ``newlyTaken`` (keeping its storage: no allocation per write).
     public func clearNewlyTaken() { newlyTaken.removeAll(keepingCapacity: true) }
 
-    public init(servo: ServoPath?, lcd: LCDService?, logger: Logger) {
-        self.servo = servo
-        self.lcd = lcd
-        switches = nil
-        self.logger = logger
-    }
-
-    init(servo: ServoPath?, lcd: LCDService?, switches: SwitchBank?, logger: Logger) {
+    public init(servo: ServoPath?, lcd: LCDService?, switches: SwitchBank? = nil, logger: Logger) {
         self.servo = servo
         self.lcd = lcd
         self.switches = switches

@@ -9,10 +9,13 @@ import Reactor
 /// on or off, or (on the simulator) an emulated line. On failsafe every
 /// switch goes to its safe state. Loop-confined: frames and the failsafe
 /// reach it on the event loop.
-final class SwitchBank: @unchecked Sendable {
+public final class SwitchBank: @unchecked Sendable {
     // Loop-confined.
-    enum Driver {
+    /// What a switch drives.
+    public enum Driver {
+        /// A digital line (GPIO or emulated), active when on.
         case line(any DigitalOutput)
+        /// A PCA9685 output held fully on or off, through the servo path.
         case chip(ServoPath, chip: Int, output: Int)
     }
 
@@ -26,7 +29,8 @@ final class SwitchBank: @unchecked Sendable {
     private var switches: [Int: Switch] = [:]
     private let logger: Logger
 
-    init(_ entries: [(SwitchConfiguration, Driver)], logger: Logger) {
+    /// The board file's switches, each with what it drives; all start off.
+    public init(_ entries: [(SwitchConfiguration, Driver)], logger: Logger) {
         self.logger = logger
         for (configuration, driver) in entries {
             switches[configuration.index] = Switch(configuration: configuration, driver: driver)
@@ -34,14 +38,14 @@ final class SwitchBank: @unchecked Sendable {
     }
 
     /// SWITCH_VAL: false when the board has no such switch (ERROR 06).
-    func set(_ index: Int, on: Bool) -> Bool {
+    public func set(_ index: Int, on: Bool) -> Bool {
         guard switches[index] != nil else { return false }
         apply(index, on: on)
         return true
     }
 
     /// Every switch to its safe state (off unless the board file says on).
-    func failsafe() {
+    public func failsafe() {
         for index in switches.keys.sorted() {
             guard let entry = switches[index] else { continue }
             apply(index, on: entry.configuration.safeOn)
@@ -49,12 +53,12 @@ final class SwitchBank: @unchecked Sendable {
     }
 
     /// A reload that renamed switches (and changed nothing else of them).
-    func rename(_ configurations: [SwitchConfiguration]) {
+    public func rename(_ configurations: [SwitchConfiguration]) {
         for configuration in configurations { switches[configuration.index]?.configuration.name = configuration.name }
     }
 
     /// For status, in index order.
-    var report: [StatusReport.Switch] {
+    public var report: [StatusReport.Switch] {
         switches.keys.sorted().compactMap { index in
             guard let entry = switches[index] else { return nil }
             return StatusReport.Switch(switch: index, on: entry.on, output: "\(entry.configuration.output)", error: entry.error, name: entry.configuration.name)

@@ -1,5 +1,6 @@
 import BLEControlProtocol
 import Control
+import Firmware
 import Logging
 import Reactor
 import SystemPackage

@@ -1,6 +1,7 @@
 import Board
 import Control
 import Devices
+import Firmware
 import Hardware
 import Reactor
 
@@ -140,7 +141,7 @@ struct StatusAssembler {
     /// What the channel's last command asks for, in its unit: µs for a
     /// servo or ESC channel, % for a PWM one (docs/protocol.md's arithmetic,
     /// calibration included, as ``ChannelConfiguration`` does it).
-    static func setpoint(_ state: ServoEngine.ChannelState) -> (us: Double?, percent: Double?) {
+    static func setpoint(_ state: ServoPath.ChannelState) -> (us: Double?, percent: Double?) {
         let configuration = state.configuration
         let output: PCA9685.Output
         switch state.lastCommand {

@@ -1,4 +1,5 @@
 import Board
+import Firmware
 import LinuxHardware
 import Logging
 import Reactor

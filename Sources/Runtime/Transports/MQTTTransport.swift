@@ -1,6 +1,7 @@
 import BLEControlProtocol
 import Board
 import Control
+import Firmware
 import Hardware
 import Logging
 import MQTT

@@ -1,6 +1,7 @@
 import Board
 import DeviceEmulators
 import Devices
+import Firmware
 import Hardware
 import LinuxHardware
 import Logging
@@ -152,30 +153,36 @@ public enum BoardBuses {
     }
 }
 
-extension PCA9685.Configuration {
-    /// The driver settings of a board file's chip.
-    public init(_ chip: PCA9685Chip) {
-        self.init(address: chip.address, frequency: chip.frequency, oscillator: chip.oscillator, totemPole: chip.totemPole)
-    }
-}
-
 /// Everything a board file describes, built and wired but not started:
 /// buses (behind their arbiters), the servo path, the LCD service, the
-/// status LED, and what status reads back. Nothing touches a bus yet.
-struct BoardAssembly {
-    let configuration: BoardConfiguration
-    let emulators: BoardEmulators
+/// status LED, the switches, and what status reads back. Nothing touches a
+/// bus yet. The one place a board is put together: the daemon
+/// (``BoardRuntime``), the tests, the session fuzzer and the benchmarks
+/// all build theirs here, on emulated buses where the board file says so.
+public struct BoardAssembly {
+    public let configuration: BoardConfiguration
+    /// The emulated buses' chips, display and lines (empty on real hardware).
+    public let emulators: BoardEmulators
     let observer: (any OutputObserver)?
-    let servo: ServoPath?
+    public let servo: ServoPath?
     /// The arbiters of the buses the PCA9685s are on.
-    let servoArbiters: [BusArbiter]
+    public let servoArbiters: [BusArbiter]
     /// Each chip's frequency as programmed (prescale rounding, §7.3.5).
-    let servoFrequencies: [Hertz]
-    let lcd: LCDService?
-    let led: StatusLED?
-    let switches: SwitchBank?
+    public let servoFrequencies: [Hertz]
+    public let lcd: LCDService?
+    public let led: StatusLED?
+    public let switches: SwitchBank?
 
-    init(configuration: BoardConfiguration, watchdogInterval: Duration?, logger: Logger) throws {
+    /// - Parameters:
+    ///   - watchdogInterval: systemd's; the servo thread beats at half of it
+    ///     (nil: an idle servo thread sleeps until there is work).
+    ///   - retryInterval: how soon a PCA9685 or a display that did not
+    ///     answer is tried again (tests shorten it).
+    ///   - sleep: how the drivers wait out the datasheets' times (the
+    ///     PCA9685's oscillator, the HD44780's instructions); the session
+    ///     fuzzer skips them.
+    public init(configuration: BoardConfiguration, watchdogInterval: Duration? = nil, retryInterval: Duration = .seconds(1),
+                sleep: @escaping @Sendable (Duration) -> Void = threadSleep, logger: Logger) throws {
         self.configuration = configuration
         let (buses, attached) = try BoardBuses.open(configuration, logger: logger)
         var emulators = attached
@@ -188,7 +195,7 @@ struct BoardAssembly {
             var drivers: [PCA9685] = []
             for chip in servoConfiguration.chips {
                 guard let arbiter = arbiters[chip.bus] else { throw BoardBuses.SetupError(description: "\(chip): no bus \(chip.bus)") }
-                drivers.append(PCA9685(bus: arbiter.client(.servo), configuration: PCA9685.Configuration(chip), logger: logger))
+                drivers.append(PCA9685(bus: arbiter.client(.servo), configuration: PCA9685.Configuration(chip), logger: logger, sleep: sleep))
             }
             servoFrequencies = drivers.map(\.actualFrequency)
             var timing = ServoPath.Timing()
@@ -196,6 +203,7 @@ struct BoardAssembly {
             // just shows the newest value from its own next period.
             let fastest = servoFrequencies.map(\.value).max() ?? 50
             timing.period = .microseconds(Int64(1_000_000 / fastest))
+            timing.retryInterval = retryInterval
             timing.faultFailsafeAfter = configuration.faultTimeout
             timing.maxFlushesPerPeriod = servoConfiguration.maxFlushesPerPeriod
             // The watchdog is fed from the servo thread, so a stalled servo
@@ -223,9 +231,9 @@ struct BoardAssembly {
             let geometry = LCDGeometry(columns: lcdConfiguration.columns, rows: lcdConfiguration.rows)
             let driver = HD44780(
                 interface: PCF8574Interface(bus: arbiter.client(.display), backpack: PCF8574Backpack(address: lcdConfiguration.address, pinMap: lcdConfiguration.pins)),
-                geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger
+                geometry: geometry, charactersPerTransaction: lcdConfiguration.charsPerTransaction, logger: logger, sleep: sleep
             )
-            lcd = LCDService(driver: driver, geometry: geometry, logger: logger)
+            lcd = LCDService(driver: driver, geometry: geometry, probeInterval: retryInterval, logger: logger)
         } else {
             lcd = nil
         }
@@ -255,6 +263,11 @@ struct BoardAssembly {
         switches = switchDrivers.isEmpty ? nil : SwitchBank(switchDrivers, logger: logger)
         self.emulators = emulators
         observer = emulators.isEmpty ? nil : EmulatorObserver(emulators: emulators)
+    }
+
+    /// The dispatcher over these parts: where every central's frames go.
+    public func dispatcher(logger: Logger) -> Dispatcher {
+        Dispatcher(servo: servo, lcd: lcd, switches: switches, logger: logger)
     }
 
     /// A board file's output line, opened: `emulated` makes (and keeps)

@@ -2,6 +2,7 @@ import BLEControlProtocol
 import Board
 import Control
 import Devices
+import Firmware
 import Hardware
 import Logging
 import Reactor
@@ -81,7 +82,7 @@ public final class BoardRuntime: @unchecked Sendable {
         }
         loop = try EventLoop(name: "blecontrol-io")
         parts = try BoardAssembly(configuration: configuration, watchdogInterval: notifier.watchdogInterval, logger: logger)
-        dispatcher = Dispatcher(servo: parts.servo, lcd: parts.lcd, switches: parts.switches, logger: logger)
+        dispatcher = parts.dispatcher(logger: logger)
         hub = SessionHub(loop: loop, dispatcher: dispatcher, idleTimeout: configuration.protocolIdleTimeout, logger: logger)
         tcp = TCPTransport(loop: loop, hub: hub, maxConnections: configuration.tcp?.maxConnections ?? 64, logger: logger)
         ble = BLETransport(loop: loop, hub: hub, dispatcher: dispatcher, logger: logger)

@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import Firmware
 import Glibc
 #endif
 import BLEControlProtocol

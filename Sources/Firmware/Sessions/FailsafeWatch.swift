@@ -8,11 +8,13 @@ import Reactor
 /// none at all while the board is idle and already silent, so it costs no
 /// wake-ups when nothing happens (the old watch polled 26 times a second).
 /// On a ``ManualLoop`` the same code is tested on virtual time.
-final class FailsafeWatch: @unchecked Sendable {
+public final class FailsafeWatch: @unchecked Sendable {
     // Loop-confined.
     private let loop: any Scheduler
-    var silenceTimeout: Duration?
-    var stallTimeout: Duration
+    /// A commander silent this long is failsafed (nil: never); a reload may change it.
+    public var silenceTimeout: Duration?
+    /// The servo thread in one bus transfer this long engages the failsafe.
+    public var stallTimeout: Duration
     /// When the quietest commander's last frame arrived (the hub's).
     private let lastFrame: () -> ContinuousClock.Instant?
     /// Silences every commander quiet for the timeout (the hub's
@@ -25,9 +27,11 @@ final class FailsafeWatch: @unchecked Sendable {
     private var silenceTimer: LoopToken?
     private var stallTimer: LoopToken?
 
-    init(loop: any Scheduler, silenceTimeout: Duration?, stallTimeout: Duration,
-         lastFrame: @escaping () -> ContinuousClock.Instant?, silence: @escaping (Duration) -> Int, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
-         acknowledgeBusy: @escaping () -> Void, engage: @escaping (String) -> Void) {
+    /// The closures are the hub's and the servo path's, called on the loop;
+    /// `engage` puts the outputs in failsafe with its reason.
+    public init(loop: any Scheduler, silenceTimeout: Duration?, stallTimeout: Duration,
+                lastFrame: @escaping () -> ContinuousClock.Instant?, silence: @escaping (Duration) -> Int, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
+                acknowledgeBusy: @escaping () -> Void, engage: @escaping (String) -> Void) {
         self.loop = loop
         self.silenceTimeout = silenceTimeout
         self.stallTimeout = stallTimeout
@@ -39,19 +43,20 @@ final class FailsafeWatch: @unchecked Sendable {
     }
 
     /// A frame arrived: make sure a silence timer is armed.
-    func frameArrived() {
+    public func frameArrived() {
         guard silenceTimeout != nil, silenceTimer == nil, let last = lastFrame() else { return }
         armSilence(from: last)
     }
 
     /// The servo thread entered a transfer at `since` (reported once per
     /// armed period): check it at the stall deadline.
-    func servoBusy(since: ContinuousClock.Instant) {
+    public func servoBusy(since: ContinuousClock.Instant) {
         guard stallTimer == nil else { return }
         stallTimer = loop.schedule(at: since + stallTimeout) { [weak self] in self?.checkStall() }
     }
 
-    func cancel() {
+    /// Disarms both timers (the runtime stops).
+    public func cancel() {
         if let silenceTimer { loop.cancel(silenceTimer) }
         if let stallTimer { loop.cancel(stallTimer) }
         silenceTimer = nil

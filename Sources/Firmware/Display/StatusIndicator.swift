@@ -7,7 +7,7 @@ import Reactor
 /// says when its level next changes, and that is the only timer armed: the
 /// pattern is re-evaluated at each change and whenever something it
 /// depends on changes (``refresh()``), never by polling.
-final class StatusIndicator: @unchecked Sendable {
+public final class StatusIndicator: @unchecked Sendable {
     // Loop-confined.
     private let loop: any Scheduler
     private let led: StatusLED
@@ -15,19 +15,21 @@ final class StatusIndicator: @unchecked Sendable {
     private var timer: LoopToken?
     private var running = false
 
-    init(loop: any Scheduler, led: StatusLED, pattern: @escaping () -> StatusLED.Pattern) {
+    /// `pattern`: what the LED should show now, read on the loop.
+    public init(loop: any Scheduler, led: StatusLED, pattern: @escaping () -> StatusLED.Pattern) {
         self.loop = loop
         self.led = led
         self.pattern = pattern
     }
 
-    func start() {
+    /// Shows the current pattern and follows it from now on.
+    public func start() {
         running = true
         refresh()
     }
 
     /// Something the pattern depends on changed: show it now.
-    func refresh() {
+    public func refresh() {
         guard running else { return }
         if let timer { loop.cancel(timer) }
         timer = nil
@@ -40,7 +42,8 @@ final class StatusIndicator: @unchecked Sendable {
         }
     }
 
-    func stop() {
+    /// Cancels the LED's timer; the LED keeps its last level.
+    public func stop() {
         running = false
         if let timer { loop.cancel(timer) }
         timer = nil

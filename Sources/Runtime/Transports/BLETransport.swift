@@ -1,5 +1,6 @@
 import Board
 import BlueZ
+import Firmware
 import Logging
 import Reactor
 
