@@ -93,3 +93,77 @@ final class AcquiredSocket: @unchecked Sendable {
 
     deinit { if open { Glibc.close(fd) } }
 }
+
+/// The sockets bluetoothd acquired, by central: one AcquireWrite and one
+/// AcquireNotify each at most. A new acquisition for the same central
+/// replaces the old socket (BlueZ acquires again after a reconnect or an
+/// MTU change). Loop-confined, as the sockets are.
+struct AcquiredSockets {
+    /// AcquireWrite sockets by central.
+    private(set) var write: [String: AcquiredSocket] = [:]
+    /// AcquireNotify sockets by central.
+    private(set) var notify: [String: AcquiredSocket] = [:]
+    /// Write sockets a new acquisition replaced, read until BlueZ closes them.
+    private var replacedWrite: [ObjectIdentifier: AcquiredSocket] = [:]
+
+    /// Takes `socket` as its central's. What BlueZ wrote to a write socket
+    /// it replaces is still the central's (BlueZoo acquires again when it
+    /// has not yet seen WriteAcquired change): delivered first, in order,
+    /// and the old socket kept until BlueZ closes its end. A replaced
+    /// notify socket is closed. True when none of its kind was acquired
+    /// before (WriteAcquired or NotifyAcquired changes).
+    mutating func add(_ socket: AcquiredSocket, notify isNotify: Bool) -> Bool {
+        let first = isNotify ? notify.isEmpty : write.isEmpty
+        if isNotify {
+            notify.updateValue(socket, forKey: socket.central)?.close()
+        } else if let old = write.updateValue(socket, forKey: socket.central) {
+            old.drainQueued()
+            replacedWrite[ObjectIdentifier(old)] = old
+        }
+        return first
+    }
+
+    /// What BlueZ closing its end of a socket meant.
+    enum Ending {
+        /// A socket already replaced or closed: nothing changes.
+        case stale
+        /// The central's acquisition ended; `last`: no other central has
+        /// one of its kind (the property changes).
+        case released(last: Bool)
+    }
+
+    /// BlueZ closed its end of `socket`: the acquisition ends, not the
+    /// session (that ends on Device1 Connected=false).
+    mutating func ended(_ socket: AcquiredSocket, notify isNotify: Bool) -> Ending {
+        if replacedWrite.removeValue(forKey: ObjectIdentifier(socket)) != nil { return .stale }
+        if isNotify {
+            guard notify[socket.central] === socket else { return .stale }
+            notify[socket.central] = nil
+            return .released(last: notify.isEmpty)
+        }
+        guard write[socket.central] === socket else { return .stale }
+        write[socket.central] = nil
+        return .released(last: write.isEmpty)
+    }
+
+    /// Closes the sockets of `central` (nil: all); returns the acquisitions
+    /// released (not the replaced sockets'), write before notify.
+    mutating func close(for central: String?) -> [(central: String, notify: Bool)] {
+        var released: [(central: String, notify: Bool)] = []
+        for (key, socket) in replacedWrite where central == nil || socket.central == central {
+            socket.close()
+            replacedWrite[key] = nil
+        }
+        for (key, socket) in write.sorted(by: { $0.key < $1.key }) where central == nil || key == central {
+            socket.close()
+            write[key] = nil
+            released.append((key, false))
+        }
+        for (key, socket) in notify.sorted(by: { $0.key < $1.key }) where central == nil || key == central {
+            socket.close()
+            notify[key] = nil
+            released.append((key, true))
+        }
+        return released
+    }
+}

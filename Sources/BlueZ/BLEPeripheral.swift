@@ -201,12 +201,7 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// The longest attribute value (Core 5.3 Vol 3 Part F 3.2.9).
     public static let maximumWriteLength = 512
 
-    private struct Device {
-        var address: String
-        var connected: Bool
-        /// Paired, Bonded (5.72+) or Trusted: bluetoothd keeps it on purpose.
-        var kept = false
-    }
+    private typealias Devices = DeviceDirectory<(call: DBusMethodCall, then: (CentralDevice) -> Void)>
 
     /// Why ``forgetBonds(_:)`` could not finish.
     public struct BondFailure: Error, CustomStringConvertible {
@@ -223,10 +218,9 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var registration: Registration
     private var retryTimer: LoopToken?
     private var running = false
-    /// bluetoothd's Device1 objects on our adapter, by path.
-    private var devices: [String: Device] = [:]
-    /// Writes for a device bluetoothd was asked about, in arrival order.
-    private var awaitingDevice: [String: [(call: DBusMethodCall, then: (Device) -> Void)]] = [:]
+    /// bluetoothd's Device1 objects on our adapter, and the writes waiting
+    /// for it to vouch for theirs.
+    private var devices = Devices()
     /// Ask bluetoothd for the fixed handles (``GATTObjects/serviceHandle``);
     /// given up, for this run, if a registration with them fails (another
     /// application holds them): the board then still comes on the air.
@@ -240,12 +234,7 @@ public final class BLEPeripheral: @unchecked Sendable {
     private var notifying = false
     private var value: [UInt8] = []
     private var centrals: Set<String> = []
-    /// AcquireWrite sockets by central.
-    private var writeSockets: [String: AcquiredSocket] = [:]
-    /// Write sockets a new acquisition replaced, read until BlueZ closes them.
-    private var replacedWriteSockets: [ObjectIdentifier: AcquiredSocket] = [:]
-    /// AcquireNotify sockets by central.
-    private var notifySockets: [String: AcquiredSocket] = [:]
+    private var acquired = AcquiredSockets()
     private var statistics = Statistics()
     private var detail = "not started"
     private var lastLogged: String?
@@ -352,12 +341,12 @@ public final class BLEPeripheral: @unchecked Sendable {
     public func notify(_ bytes: [UInt8], central: String?) {
         loop.execute { [self] in
             value = bytes
-            if let central, let socket = notifySockets[central] {
+            if let central, let socket = acquired.notify[central] {
                 send(bytes, through: socket)
             } else if notifying, let connection {
                 connection.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: ["Value"])
-            } else if !notifySockets.isEmpty {
-                for key in notifySockets.keys.sorted() { send(bytes, through: notifySockets[key]!) }
+            } else if !acquired.notify.isEmpty {
+                for key in acquired.notify.keys.sorted() { send(bytes, through: acquired.notify[key]!) }
             } else {
                 return
             }
@@ -545,14 +534,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     }
 
     private func learnDevice(_ path: String, _ properties: [String: DBusValue]) {
-        var device = devices[path] ?? Device(address: Self.address(of: path), connected: false)
-        if let address = properties["Address"]?.stringValue { device.address = address.uppercased() }
-        let wasConnected = device.connected
-        if let connected = properties["Connected"]?.boolValue { device.connected = connected }
-        for key in ["Paired", "Bonded", "Trusted"] where properties[key]?.boolValue == true { device.kept = true }
-        devices[path] = device
         // A central that may pair next: clear the way for its bond first.
-        if device.connected, !wasConnected, configuration.security != .open { removeStaleDevices() }
+        if devices.learn(path, properties), configuration.security != .open { removeStaleDevices() }
     }
 
     /// Removes the Device1 objects of centrals that are gone and were never
@@ -569,8 +552,7 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// unbonded object holds no keys and no stored data.
     private func removeStaleDevices() {
         guard let connection, let owner = registration.owner else { return }
-        for (path, device) in devices where !device.connected && !device.kept {
-            devices.removeValue(forKey: path)
+        for (path, device) in devices.takeStale() {
             logger.debug("BLE: removing \(device.address), gone and not bonded, before a pairing")
             connection.call(destination: owner, path: adapterPath, interface: "org.bluez.Adapter1", method: "RemoveDevice",
                             arguments: [.objectPath(path)], timeout: .seconds(5)) { _ in }
@@ -589,10 +571,10 @@ public final class BLEPeripheral: @unchecked Sendable {
         case "InterfacesRemoved":
             let names = signal.arguments.count > 1 ? signal.arguments[1].arrayValue?.compactMap(\.stringValue) ?? [] : []
             if object == adapterPath, names.contains("org.bluez.Adapter1") {
-                devices.removeAll()
+                devices.forgetAll()
                 feed(.adapterRemoved)
             } else if names.contains("org.bluez.Device1") {
-                devices.removeValue(forKey: object)
+                devices.forget(object)
                 centralGone(object, why: "removed")
             }
         default:
@@ -616,18 +598,14 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// Runs `body` once bluetoothd has vouched that `device` is a connected
     /// central on our adapter: at once when we know it, else after asking
     /// it (calls for the same device keep their order), else refuses `call`.
-    private func withConnectedDevice(_ device: String?, call: DBusMethodCall, _ body: @escaping (Device) -> Void) {
+    private func withConnectedDevice(_ device: String?, call: DBusMethodCall, _ body: @escaping (CentralDevice) -> Void) {
         guard let device, device.hasPrefix(adapterPath + "/dev_"), DBusNames.isValidPath(device) else {
             statistics.unknownDevices += 1
             publish()
             return call.fail("org.bluez.Error.InvalidArguments", "no device of \(configuration.adapter) named in the options")
         }
-        if let known = devices[device], known.connected { return body(known) }
-        if awaitingDevice[device] != nil {
-            awaitingDevice[device]!.append((call, body))
-            return
-        }
-        awaitingDevice[device] = [(call, body)]
+        if let known = devices.connected(device) { return body(known) }
+        guard devices.wait(for: device, (call, body)) else { return }
         guard let connection, let owner = registration.owner else { return resolveAwaiting(device) }
         connection.call(destination: owner, path: device, interface: "org.freedesktop.DBus.Properties", method: "GetAll",
                         arguments: [.string("org.bluez.Device1")], timeout: .seconds(2)) { [weak self] result in
@@ -638,8 +616,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     }
 
     private func resolveAwaiting(_ device: String) {
-        for (call, body) in awaitingDevice.removeValue(forKey: device) ?? [] {
-            if let known = devices[device], known.connected {
+        for (call, body) in devices.takeWaiters(for: device) {
+            if let known = devices.connected(device) {
                 body(known)
             } else {
                 statistics.unknownDevices += 1
@@ -677,8 +655,8 @@ public final class BLEPeripheral: @unchecked Sendable {
         let handlers = GATTObjects.SerialHandlers(
             notifying: { [weak self] in self?.notifying ?? false },
             value: { [weak self] in self?.value ?? [] },
-            writeAcquired: { [weak self] in !(self?.writeSockets.isEmpty ?? true) },
-            notifyAcquired: { [weak self] in !(self?.notifySockets.isEmpty ?? true) },
+            writeAcquired: { [weak self] in !(self?.acquired.write.isEmpty ?? true) },
+            notifyAcquired: { [weak self] in !(self?.acquired.notify.isEmpty ?? true) },
             writeValue: { [weak self] call in self?.writeValue(call) },
             acquire: { [weak self] call, notify in self?.acquire(call, notify: notify) },
             setNotifying: { [weak self] on in self?.setNotifying(on) }
@@ -775,7 +753,7 @@ public final class BLEPeripheral: @unchecked Sendable {
                 let bonded = objects.compactMap { path, value -> (String, String)? in
                     guard path.hasPrefix(self.adapterPath + "/dev_"), let device = value.dictionaryValue?["org.bluez.Device1"]?.dictionaryValue,
                           device["Paired"]?.boolValue == true || device["Bonded"]?.boolValue == true else { return nil }
-                    return (path, device["Address"]?.stringValue?.uppercased() ?? Self.address(of: path))
+                    return (path, device["Address"]?.stringValue?.uppercased() ?? Devices.address(of: path))
                 }.sorted { $0.0 < $1.0 }
                 guard !bonded.isEmpty else { return completion(.success([])) }
                 let outcome = BondRemoval()
@@ -837,7 +815,7 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     /// Checks ble.allow against the address bluetoothd reports, counting
     /// and logging a refusal.
-    private func allowed(_ device: Device, central: String) -> Bool {
+    private func allowed(_ device: CentralDevice, central: String) -> Bool {
         guard !configuration.allow.isEmpty, !configuration.allow.contains(device.address) else { return true }
         statistics.refused += 1
         publish()
@@ -864,18 +842,7 @@ public final class BLEPeripheral: @unchecked Sendable {
                 return call.fail("org.bluez.Error.Failed", "socketpair: \(String(cString: strerror(errno)))")
             }
             let name = notify ? "NotifyAcquired" : "WriteAcquired"
-            let wasAcquired = notify ? !self.notifySockets.isEmpty : !self.writeSockets.isEmpty
-            let old = notify ? self.notifySockets.updateValue(socket, forKey: central) : self.writeSockets.updateValue(socket, forKey: central)
-            if let old, !notify {
-                // What BlueZ wrote to the old socket is still the central's
-                // (BlueZoo acquires again when it has not yet seen
-                // WriteAcquired change): delivered first, in order, and the
-                // socket kept until BlueZ closes its end.
-                old.drainQueued()
-                self.replacedWriteSockets[ObjectIdentifier(old)] = old
-            } else {
-                old?.close()
-            }
+            let first = self.acquired.add(socket, notify: notify)
             do {
                 try socket.start(received: { [weak self, weak socket] bytes in
                     // BlueZ writes nothing into a notify socket (indications only confirm there).
@@ -897,7 +864,7 @@ public final class BLEPeripheral: @unchecked Sendable {
             close(remote)
             self.logger.info("\(notify ? "AcquireNotify" : "AcquireWrite") from \(central) (MTU \(mtu))")
             if !notify, self.centrals.insert(central).inserted { self.publish() }
-            if !wasAcquired {
+            if first {
                 self.connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: [name])
             }
         }
@@ -906,12 +873,8 @@ public final class BLEPeripheral: @unchecked Sendable {
     /// BlueZ closed its end: the acquisition ends, not the session — that
     /// ends on Device1 Connected=false.
     private func acquiredEnded(_ socket: AcquiredSocket, notify: Bool) {
-        if replacedWriteSockets.removeValue(forKey: ObjectIdentifier(socket)) != nil { return }
-        var sockets = notify ? notifySockets : writeSockets
-        guard sockets[socket.central] === socket else { return }
-        sockets[socket.central] = nil
-        if notify { notifySockets = sockets } else { writeSockets = sockets }
-        if sockets.isEmpty {
+        guard case .released(let last) = acquired.ended(socket, notify: notify) else { return }
+        if last {
             connection?.emitPropertiesChanged(path: Self.characteristicPath, interface: GATTObjects.characteristicInterface, names: [notify ? "NotifyAcquired" : "WriteAcquired"])
         }
         logger.info("\(notify ? "acquired notify" : "acquired write") of \(socket.central) released")
@@ -919,26 +882,9 @@ public final class BLEPeripheral: @unchecked Sendable {
 
     /// Closes the sockets of `central` (nil: all), releasing the acquisitions.
     private func closeAcquired(for central: String?) {
-        for (key, socket) in replacedWriteSockets where central == nil || socket.central == central {
-            socket.close()
-            replacedWriteSockets[key] = nil
+        for (key, notify) in acquired.close(for: central) {
+            logger.info("\(notify ? "acquired notify" : "acquired write") of \(key) released")
         }
-        for (key, socket) in writeSockets where central == nil || key == central {
-            socket.close()
-            writeSockets[key] = nil
-            logger.info("acquired write of \(key) released")
-        }
-        for (key, socket) in notifySockets where central == nil || key == central {
-            socket.close()
-            notifySockets[key] = nil
-            logger.info("acquired notify of \(key) released")
-        }
-    }
-
-    /// `AA:BB:CC:DD:EE:FF` from `/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF`.
-    static func address(of devicePath: String) -> String {
-        guard let last = devicePath.split(separator: "/").last, last.hasPrefix("dev_") else { return devicePath }
-        return String(last.dropFirst(4).map { $0 == "_" ? ":" : $0 }).uppercased()
     }
 
     // MARK: State
