@@ -28,9 +28,9 @@ from rig.board import ControlSocket, percentile  # noqa: E402 - scripts/lib: the
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
-ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
+ADAPTER = os.environ.get("BLECONTROL_BLE_CENTRAL_ADAPTER", "hci1")
 CHANNEL = 2
-SAMPLES = int(os.environ.get("BLE_BENCH_SAMPLES", "200"))
+SAMPLES = int(os.environ.get("BLECONTROL_BLE_BENCH_SAMPLES", "200"))
 
 
 class Poll(ControlSocket):

@@ -6,8 +6,8 @@ iOS library's byte sequences and checks what the emulated board did through
 
 Prints one PASS/FAIL line per check; exit status 1 when any failed.
 Environment: DBUS_SYSTEM_BUS_ADDRESS (the private bus), BLECONTROL_BIN,
-BLECONTROL_SOCKET, BLE_NAME, BLE_CENTRAL_ADAPTER (default hci1) and, for
-the two-centrals phase, BLE_OBSERVER_ADAPTER (default hci2).
+BLECONTROL_SOCKET, BLECONTROL_BLE_NAME, BLECONTROL_BLE_CENTRAL_ADAPTER (default hci1) and, for
+the two-centrals phase, BLECONTROL_BLE_OBSERVER_ADAPTER (default hci2).
 """
 import asyncio
 import os
@@ -24,9 +24,9 @@ from rig.board import ble_sessions, channel, cli_status  # noqa: E402
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
-NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
-ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
-OBSERVER_ADAPTER = os.environ.get("BLE_OBSERVER_ADAPTER", "hci2")
+NAME = os.environ.get("BLECONTROL_BLE_NAME", "BLEControl-Sim")
+ADAPTER = os.environ.get("BLECONTROL_BLE_CENTRAL_ADAPTER", "hci1")
+OBSERVER_ADAPTER = os.environ.get("BLECONTROL_BLE_OBSERVER_ADAPTER", "hci2")
 failures = 0
 
 
@@ -189,7 +189,7 @@ async def after_restart():
         await client.write_gatt_char(CHAR, bytes([0x09, 0x00]), response=True)
         ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
         check(ok, "after BlueZoo restart: notifications work", [n.hex() for n in notifications])
-        if os.environ.get("BLE_ACK_AFTER_APPLY") == "1":
+        if os.environ.get("BLECONTROL_BLE_ACK_AFTER_APPLY") == "1":
             # Through WriteValue (the default board) a write with response is
             # answered once applied: a status read after the answer shows the
             # whole text.
@@ -287,8 +287,8 @@ async def commander_left(label, commander_address):
 
 
 async def two_centrals():
-    """Two phones: an observer on BLE_OBSERVER_ADAPTER (notifications on, INIT
-    and LCD text only) and the commander on BLE_CENTRAL_ADAPTER. The
+    """Two phones: an observer on BLECONTROL_BLE_OBSERVER_ADAPTER (notifications on, INIT
+    and LCD text only) and the commander on BLECONTROL_BLE_CENTRAL_ADAPTER. The
     commander leaves: failsafe, though the observer stays; the observer's
     first command ends it and applies."""
     label = "two BLE centrals"

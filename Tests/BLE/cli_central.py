@@ -6,12 +6,12 @@ and FIGURE lines (scan-to-connected, write → applied), never asserting a
 duration.
 
 Usage: cli_central.py scan|session|single BOARD_NAME BOARD_ADDRESS CONTROL_SOCKET
-Environment: BLECONTROL_BIN, BLE_CENTRAL_ADAPTER (default hci1),
-BLE_CLI_SCAN_SECONDS (how long `scan` listens, default 4) and
-BLE_CLI_FIND_SECONDS (`--timeout`: how long `--ble NAME` looks at the most,
+Environment: BLECONTROL_BIN, BLECONTROL_BLE_CENTRAL_ADAPTER (default hci1),
+BLECONTROL_BLE_CLI_SCAN_SECONDS (how long `scan` listens, default 4) and
+BLECONTROL_BLE_CLI_FIND_SECONDS (`--timeout`: how long `--ble NAME` looks at the most,
 and then connects, default 120: it stops once it has found the board and
 learnt its services): bounds on a search, not performance marks;
-BLE_CLI_SCAN_TRIES (scans before the scan check fails, default 3: a busy
+BLECONTROL_BLE_CLI_SCAN_TRIES (scans before the scan check fails, default 3: a busy
 machine may let a scan window pass without a report).
 """
 import json
@@ -27,10 +27,10 @@ import rig  # noqa: E402 - scripts/lib, beside this repository's tests
 from rig.board import ControlSocket, percentile  # noqa: E402,F401 - percentile: flood.py takes it from here
 
 CLI = os.environ["BLECONTROL_BIN"]
-ADAPTER = os.environ.get("BLE_CENTRAL_ADAPTER", "hci1")
-SAMPLES = int(os.environ.get("BLE_CLI_SAMPLES", "50"))
-SCAN_SECONDS = os.environ.get("BLE_CLI_SCAN_SECONDS", "4")
-FIND_SECONDS = os.environ.get("BLE_CLI_FIND_SECONDS", "120")
+ADAPTER = os.environ.get("BLECONTROL_BLE_CENTRAL_ADAPTER", "hci1")
+SAMPLES = int(os.environ.get("BLECONTROL_BLE_CLI_SAMPLES", "50"))
+SCAN_SECONDS = os.environ.get("BLECONTROL_BLE_CLI_SCAN_SECONDS", "4")
+FIND_SECONDS = os.environ.get("BLECONTROL_BLE_CLI_FIND_SECONDS", "120")
 # A hang guard for one CLI run: finding, then connecting, each within
 # --timeout, and the writes.
 CLI_GUARD = 2 * int(FIND_SECONDS) + 120
@@ -72,11 +72,11 @@ class Control(ControlSocket):
 
 
 def scan(name, address, control):
-    # Up to BLE_CLI_SCAN_TRIES scans (default 1): on btvirt's emulated link
+    # Up to BLECONTROL_BLE_CLI_SCAN_TRIES scans (default 1): on btvirt's emulated link
     # under TCG a whole discovery window sometimes passes without one
     # advertising report (bluetoothd's log shows the window, no report), as
     # a scan near a real board can miss it, and so can a busy machine.
-    tries = int(os.environ.get("BLE_CLI_SCAN_TRIES", "3"))
+    tries = int(os.environ.get("BLECONTROL_BLE_CLI_SCAN_TRIES", "3"))
     for attempt in range(1, tries + 1):
         run = subprocess.run([CLI, "scan", "--adapter", ADAPTER, "--seconds", SCAN_SECONDS], capture_output=True, text=True,
                              timeout=60 + float(SCAN_SECONDS))

@@ -30,9 +30,9 @@ Not measured: a flooder subscribed to its ERRORs and never reading them.
 BlueZoo subscribes one central only (a second StartNotify is ignored once
 NotifyAcquired is true), and the reply budget (8, then 20 a second) caps
 what such a central can leave unread at a few hundred bytes anyway.
-Environment: BLE_FLOOD_MIB (default 8), BLE_FLOOD_SECONDS (how long a BLE
-flooder may write, default 120: BlueZoo is a Python process), BLE_FLOOD_WINDOW
-(writes in flight per BLE flooder, default 32), BLE_NAME.
+Environment: BLECONTROL_BLE_FLOOD_MIB (default 8), BLECONTROL_BLE_FLOOD_SECONDS (how long a BLE
+flooder may write, default 120: BlueZoo is a Python process), BLECONTROL_BLE_FLOOD_WINDOW
+(writes in flight per BLE flooder, default 32), BLECONTROL_BLE_NAME.
 """
 import asyncio
 import json
@@ -50,10 +50,10 @@ from cli_central import Control, percentile
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
-NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
-MIB = int(os.environ.get("BLE_FLOOD_MIB", "8"))
-SECONDS = float(os.environ.get("BLE_FLOOD_SECONDS", "120"))
-WINDOW = int(os.environ.get("BLE_FLOOD_WINDOW", "32"))
+NAME = os.environ.get("BLECONTROL_BLE_NAME", "BLEControl-Sim")
+MIB = int(os.environ.get("BLECONTROL_BLE_FLOOD_MIB", "8"))
+SECONDS = float(os.environ.get("BLECONTROL_BLE_FLOOD_SECONDS", "120"))
+WINDOW = int(os.environ.get("BLECONTROL_BLE_FLOOD_WINDOW", "32"))
 ERROR_9 = bytes([0x09, 0x00])
 REPLY_9 = bytes([0xFF, 0x01, 0x09])
 # 16 a second: within a central's reply budget, so every ERROR asked for comes back.

@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
 from rig.board import percentile, servo_frame  # noqa: E402
 
-N_BURST = int(os.environ.get("BLE_BENCH_FRAMES", "300"))
-N_REQUEST = int(os.environ.get("BLE_BENCH_REQUESTS", "60"))
-N_LATENCY = int(os.environ.get("BLE_BENCH_SAMPLES", "40"))
-BURST_CHUNK = int(os.environ.get("BLE_BENCH_CHUNK", "100"))
+N_BURST = int(os.environ.get("BLECONTROL_BLE_BENCH_FRAMES", "300"))
+N_REQUEST = int(os.environ.get("BLECONTROL_BLE_BENCH_REQUESTS", "60"))
+N_LATENCY = int(os.environ.get("BLECONTROL_BLE_BENCH_SAMPLES", "40"))
+BURST_CHUNK = int(os.environ.get("BLECONTROL_BLE_BENCH_CHUNK", "100"))
 BENCH_CHANNEL = 2  # a servo channel of the simulator board (hold on failsafe)
 
 
@@ -172,7 +172,7 @@ async def run_phone(device, central):
 
 
 async def run(device, central, phase="bench-writevalue", control_path=None, name=None):
-    out = os.environ.get("BLE_OUT", ".")
+    out = os.environ.get("BLECONTROL_BLE_OUT", ".")
     acquire = phase == "bench-acquire"
     is_peer = phase == "bench-peer"
     result = await central.connect(device, name=name) if name else await central.connect(device)
@@ -218,7 +218,7 @@ async def run(device, central, phase="bench-writevalue", control_path=None, name
 def publish(rows, central, kind):
     """Adds ROWS to the run's table (ble-bench.json, ble-bench.txt), prints
     it, and records whether any row failed."""
-    out = os.environ.get("BLE_OUT", ".")
+    out = os.environ.get("BLECONTROL_BLE_OUT", ".")
     store = os.path.join(out, "ble-bench.json")
     try:
         previous = json.load(open(store))
@@ -228,7 +228,7 @@ def publish(rows, central, kind):
     with open(store, "w") as f:
         json.dump(everything, f, indent=1)
     table_rows = [tuple(d[k] for k in ("path", "metric", "value", "notes")) for d in everything]
-    if kind == "acquire" and os.environ.get("BLE_PEER", "0") != "1":
+    if kind == "acquire" and os.environ.get("BLECONTROL_BLE_PEER", "0") != "1":
         table_rows.append(("bluez-peripheral (Python)", "-", "-", "not measured (BLECONTROL_VM_BLE_PEER=0)"))
     header = ("path", "metric", "value", "notes")
     widths = [max(len(str(r[i])) for r in table_rows + [header]) for i in range(4)]
@@ -315,7 +315,7 @@ def _peer_server(path, name):
         bus = await get_message_bus()
         # The first adapter in bluetoothd's order, or the one named (BlueZoo
         # lists its adapters in no fixed order; the central is on the other).
-        wanted = os.environ.get("BLE_PEER_ADAPTER")
+        wanted = os.environ.get("BLECONTROL_BLE_PEER_ADAPTER")
         adapters = await Adapter.get_all(bus)
         adapter = next((a for a in adapters if wanted and a._proxy.path.endswith("/" + wanted)), None) or await Adapter.get_first(bus)
         service = BLEControl()
@@ -333,7 +333,7 @@ def _peer_server(path, name):
 async def run_peer(device, central):
     """Stops blecontrold, starts the bluez-peripheral server, measures."""
     import subprocess
-    out = os.environ.get("BLE_OUT", ".")
+    out = os.environ.get("BLECONTROL_BLE_OUT", ".")
     pidfile = os.environ["DAEMON_PIDFILE"]
     pid = int(open(pidfile).read().strip())
     os.kill(pid, 15)

@@ -14,14 +14,14 @@ is imported once (~17 s under TCG).
 
 Bumble is imported before bluetoothd starts: the HCI user channel can only
 be bound while the kernel has not powered the controller up, and bluetoothd
-powers every adapter it sees. The script writes $BLE_READY once it holds hci1.
+powers every adapter it sees. The script writes $BLECONTROL_BLE_READY once it holds hci1.
 
 One `PASS id: what` / `FAIL id: what: why` line per check on stdout.
-Environment: CLI (blecontrol), SOCKET (its control socket), BLE_NAME,
-BLE_HCI (default 1), BLE_OBSERVER_HCI and BLE_SPACER_HCI (a second central
-and a spacer for the two-centrals phase, unset: none), BLE_READY (file to
+Environment: CLI (blecontrol), SOCKET (its control socket), BLECONTROL_BLE_NAME,
+BLECONTROL_BLE_HCI (default 1), BLECONTROL_BLE_OBSERVER_HCI and BLECONTROL_BLE_SPACER_HCI (a second central
+and a spacer for the two-centrals phase, unset: none), BLECONTROL_BLE_READY (file to
 create once the controllers are held),
-BLUETOOTHD_PIDFILE + BLUETOOTHD_LOG (for the restart), BLE_OUT (logs).
+BLUETOOTHD_PIDFILE + BLUETOOTHD_LOG (for the restart), BLECONTROL_BLE_OUT (logs).
 """
 import asyncio
 import contextlib
@@ -46,10 +46,10 @@ from bumble.hci import Address  # noqa: E402
 from bumble.transport import open_transport  # noqa: E402
 
 IMPORT_SECONDS = time.monotonic() - started
-NAME = os.environ.get("BLE_NAME", "BLEControl-Sim")
-HCI = os.environ.get("BLE_HCI", "1")
-OBSERVER_HCI = os.environ.get("BLE_OBSERVER_HCI", "")
-SPACER_HCI = os.environ.get("BLE_SPACER_HCI", "")
+NAME = os.environ.get("BLECONTROL_BLE_NAME", "BLEControl-Sim")
+HCI = os.environ.get("BLECONTROL_BLE_HCI", "1")
+OBSERVER_HCI = os.environ.get("BLECONTROL_BLE_OBSERVER_HCI", "")
+SPACER_HCI = os.environ.get("BLECONTROL_BLE_SPACER_HCI", "")
 CLI = os.environ.get("CLI", "blecontrol")
 SOCKET = os.environ.get("SOCKET", "/run/blecontrol-vm/ble.sock")
 FFE0 = UUID.from_16_bits(0xFFE0)
@@ -186,7 +186,7 @@ async def discovery(device, scans=100):
               "%d within 2 s; %d missed" % (len(times), ms(0.5), ms(0.99), seen[-1] * 1000 if seen else float("nan"),
                                             sum(1 for t in seen if t <= 2.0), missed))
     say("FIGURE discovery: " + figure)
-    with open(os.path.join(os.environ.get("BLE_OUT", "."), "discovery.txt"), "w") as f:
+    with open(os.path.join(os.environ.get("BLECONTROL_BLE_OUT", "."), "discovery.txt"), "w") as f:
         f.write(figure + "\n" + " ".join("-" if t is None else "%.3f" % t for t in times) + "\n")
     record(missed == 0, "s2", "every one of %d consecutive scans finds the board (%s)" % (len(times), figure), missed)
     # How often the board advertises now (a figure: its interval, as the
@@ -301,7 +301,7 @@ async def scenario(device):
     sessions = ble_sessions(report)
     record(len(sessions) == 1 and sessions[0].get("frames", 0) >= 3, "v10", "one BLE session with its frames counted", sessions)
     record(report["servo"].get("failsafe") is None, "v11", "no failsafe while connected", report["servo"].get("failsafe"))
-    with open(os.path.join(os.environ.get("BLE_OUT", "."), "status-ble-connected.json"), "w") as f:
+    with open(os.path.join(os.environ.get("BLECONTROL_BLE_OUT", "."), "status-ble-connected.json"), "w") as f:
         json.dump(report, f, indent=1)
 
     await disconnect(device, connection)
@@ -644,7 +644,7 @@ async def phone(device):
 
 
 def daemon_log(name):
-    return os.path.join(os.environ.get("BLE_OUT", "."), name)
+    return os.path.join(os.environ.get("BLECONTROL_BLE_OUT", "."), name)
 
 
 async def restart_daemon(board, log_name):
@@ -791,7 +791,7 @@ async def main():
         device = await open_central(stack, HCI, "blecontrol-vm-central", "F0:F1:F2:F3:F4:F5")
         observer = await open_central(stack, OBSERVER_HCI, "blecontrol-vm-observer", "F0:F1:F2:F3:F4:F6") if OBSERVER_HCI else None
         spacer = await open_central(stack, SPACER_HCI, "blecontrol-vm-spacer", "F0:F1:F2:F3:F4:F7") if SPACER_HCI else None
-        ready = os.environ.get("BLE_READY")
+        ready = os.environ.get("BLECONTROL_BLE_READY")
         if ready:
             open(ready, "w").close()
         say("%s held; waiting for the daemon" % ", ".join("hci" + n for n in (HCI, OBSERVER_HCI, SPACER_HCI) if n))

@@ -9,7 +9,7 @@ phase (Tests/VM/ble_central.py says why). Appends `PASS id: what` /
 `FAIL id: what: why` lines to OUT/results.txt like guest.py.
 
 Usage: /usr/bin/python3 ble_guest.py OUT
-       (reads OUT/guest.env: REPO, DAEMON, CLI, BLE_VENV, BLE_BENCH, ...)
+       (reads OUT/guest.env: REPO, DAEMON, CLI, BLECONTROL_BLE_VENV, BLECONTROL_BLE_BENCH, ...)
 
 Phases of the central: scenario, two-centrals (the commander leaves, the
 observer on hci2 stays: failsafe), restart (bluetoothd), ack (write
@@ -18,7 +18,7 @@ bluez-5.82 / bluez-5.66 (switch bluetoothd), phone (the iPhone-like and
 Android-like centrals), reconnect (link lost, new private address), pair
 (ble.security: authenticated, bonds), bench-writevalue, acquire (daemon
 restarted with ble.acquire_write: true), bench-acquire. guest.env's
-BLE_PHASES (BLECONTROL_VM_BLE_PHASES on the host) runs only those.
+BLECONTROL_BLE_PHASES (BLECONTROL_VM_BLE_PHASES on the host) runs only those.
 
 Every wait is a bounded count of polls, a guard against a hang.
 """
@@ -196,22 +196,22 @@ class BleGuest:
         blecontrol_args = "\n".join(line[len(prefix):] for line in
                                     (repo / "systemd/bluetooth-blecontrol.conf").read_text().splitlines()
                                     if line.startswith(prefix))
-        bench = env.get("BLE_BENCH") or "1"
+        bench = env.get("BLECONTROL_BLE_BENCH") or "1"
         # The same workload through a bluez-peripheral server (stops the daemon).
-        peer = env.get("BLE_PEER") or "0"
+        peer = env.get("BLECONTROL_BLE_PEER") or "0"
         trixie = env.get("TRIXIE_ROOT", "")
         central_env = {
             **os.environ,
-            "CLI": self.cli_bin, "SOCKET": self.socket, "BLE_OUT": str(self.out),
-            "BLE_READY": str(WORK / "central-ready"), "BLE_HCI": "1", "BLE_OBSERVER_HCI": "2", "BLE_SPACER_HCI": "3",
+            "CLI": self.cli_bin, "SOCKET": self.socket, "BLECONTROL_BLE_OUT": str(self.out),
+            "BLECONTROL_BLE_READY": str(WORK / "central-ready"), "BLECONTROL_BLE_HCI": "1", "BLECONTROL_BLE_OBSERVER_HCI": "2", "BLECONTROL_BLE_SPACER_HCI": "3",
             "BLUETOOTHD_PIDFILE": str(self.bluetoothd_pidfile), "BLUETOOTHD_LOG": str(self.out / "bluetoothd.log"),
             "DAEMON": self.daemon_bin, "DAEMON_PIDFILE": str(self.daemon_pidfile), "BOARD_ACQUIRE": acquire,
             "BOARD_SLOW": str(board_slow), "BOARD_SLOW_STRICT": str(board_slow_strict),
             "BLUETOOTHD_BLECONTROL_ARGS": blecontrol_args,
             # The link-loss and pairing phases (Tests/VM/phone_links.py) write
             # their boards from the simulator's.
-            "BOARD_BASE": str(simulator), "BLE_WORK": str(WORK),
-            "BLE_PEER": peer, "TRIXIE_ROOT": trixie,
+            "BOARD_BASE": str(simulator), "BLECONTROL_BLE_WORK": str(WORK),
+            "BLECONTROL_BLE_PEER": peer, "TRIXIE_ROOT": trixie,
         }
         phases = ["scenario", "two-centrals", "discovery", "restart", "ack", "phone", "reconnect", "pair"]
         if bench == "1":
@@ -227,18 +227,18 @@ class BleGuest:
         if trixie:
             phases += ["bluez-5.82", "phone", "discovery", "reconnect", "pair", "bluez-5.66"]
         # Only some phases (BLECONTROL_VM_BLE_PHASES, when working on them).
-        if env.get("BLE_PHASES"):
-            phases = env["BLE_PHASES"].split()
+        if env.get("BLECONTROL_BLE_PHASES"):
+            phases = env["BLECONTROL_BLE_PHASES"].split()
         return central_env, phases
 
     def start_central(self) -> "subprocess.Popen | None":
         central_env, phases = self.central_environment()
-        ready = Path(central_env["BLE_READY"])
+        ready = Path(central_env["BLECONTROL_BLE_READY"])
         started = time.monotonic()
         # Its PASS/FAIL lines go to the logs as they come, not to the guest's
         # /run: a guest the quiet guard ends keeps what the central had found.
         with open(self.out / "ble-central.out", "wb") as out, open(self.out / "ble-central.log", "wb") as log:
-            central = subprocess.Popen([Path(self.env["BLE_VENV"]) / "bin/python",
+            central = subprocess.Popen([Path(self.env["BLECONTROL_BLE_VENV"]) / "bin/python",
                                         self.repo / "Tests/VM/ble_central.py", *phases],
                                        stdout=out, stderr=log, env=central_env)
         self.pids.append(central.pid)
@@ -297,7 +297,7 @@ class BleGuest:
     # --- the scenario (and the benchmark) ------------------------------------------
     def finish_central(self, central: subprocess.Popen) -> None:
         # Bounded: the whole VM tier must stay well under its timeout.
-        bound = int(self.env.get("BLE_CENTRAL_TIMEOUT") or 1500)
+        bound = int(self.env.get("BLECONTROL_BLE_CENTRAL_TIMEOUT") or 1500)
         if not rig.wait_until(lambda: central.poll() is not None, tries=bound, interval=1.0):
             central.kill()
             self.results.fails("ble-central-done", "Bumble central finished in time",
@@ -394,8 +394,8 @@ class BleGuest:
         # the board's services took more than 30 s on a loaded machine, so
         # the CLI's --timeout (finding, then connecting) is generous; a
         # passing run waits only as long as it takes.
-        env = {**os.environ, "BLECONTROL_BIN": self.cli_bin, "BLE_CENTRAL_ADAPTER": "hci1",
-               "BLE_CLI_SCAN_SECONDS": "15", "BLE_CLI_SCAN_TRIES": "3", "BLE_CLI_FIND_SECONDS": "300"}
+        env = {**os.environ, "BLECONTROL_BIN": self.cli_bin, "BLECONTROL_BLE_CENTRAL_ADAPTER": "hci1",
+               "BLECONTROL_BLE_CLI_SCAN_SECONDS": "15", "BLECONTROL_BLE_CLI_SCAN_TRIES": "3", "BLECONTROL_BLE_CLI_FIND_SECONDS": "300"}
         for phase in ("scan", "session", "single"):
             with open(self.out / f"cli-{phase}.log", "wb") as log:
                 result = subprocess.run(["/usr/bin/python3", self.repo / "Tests/BLE/cli_central.py", phase,

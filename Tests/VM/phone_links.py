@@ -203,7 +203,7 @@ async def pairing(device, central, phone):
 
 
 async def pairing_steps(device, central, phone):
-    board = os.path.join(os.environ.get("BLE_WORK", "/tmp"), "board-pair.yaml")
+    board = os.path.join(os.environ.get("BLECONTROL_BLE_WORK", "/tmp"), "board-pair.yaml")
     identity = device.public_address.to_string(False)
     board_with(os.environ["BOARD_BASE"], board, security="authenticated", allow="[%s]" % identity)
     # The phone's key material, as a real one has: a random IRK it gives

@@ -18,9 +18,9 @@ a page from another site cannot drive the board through its TCP port (a
 fetch POST with frames in its body). Screenshots go to the shots
 directory, at phone and desktop widths.
 
-Usage: page_test.py URL SHOTS_DIR MONITOR_FILE WEB_DIR PROFILE_DIR LOG TLS_PORT
+Usage: page_test.py URL SHOTS_DIR MONITOR_FILE BLECONTROL_WEB_DIR PROFILE_DIR LOG TLS_PORT
 Environment: BLECONTROL_BIN, BLECONTROL_SOCKET, DBUS_SYSTEM_BUS_ADDRESS,
-WEB_URL_NO_DAEMON and WEB_URL_OTHER_BOARD (the page from `blecontrol web`
+BLECONTROL_WEB_URL_NO_DAEMON and BLECONTROL_WEB_URL_OTHER_BOARD (the page from `blecontrol web`
 with no daemon, and with the daemon of a board named "other"), CHROMIUM
 (default chromium). Prints PASS/FAIL lines; exit status 1 on any
 failure. Waits are hang guards only; nothing asserts a duration.
@@ -41,9 +41,9 @@ from rig.board import ble_sessions, channel, cli_status  # noqa: E402 - the rigs
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 from cdp import Chromium  # noqa: E402
 
-URL, SHOTS, MONITOR, WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
+URL, SHOTS, MONITOR, BLECONTROL_WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
 # The bridge's token, from the address `blecontrol web` printed.
-TOKEN = os.environ["WEB_TOKEN"]
+TOKEN = os.environ["BLECONTROL_WEB_TOKEN"]
 NAME = "BLEControl-Sim"
 PORT = urllib.parse.urlsplit(URL).port
 INSECURE = "http://insecure.test:%d/" % PORT
@@ -557,7 +557,7 @@ def origins(browser, page):
         opened = chooser_opens(browser, page)
         check(opened is True, "…and Connect opens the chooser there", opened)
 
-    page.navigate("file://" + os.path.join(os.path.abspath(WEB_DIR), "index.html"))
+    page.navigate("file://" + os.path.join(os.path.abspath(BLECONTROL_WEB_DIR), "index.html"))
     local = page.eval("[window.isSecureContext, 'bluetooth' in navigator, document.body.dataset.state]")
     check(local == [True, True, "disconnected"], "the page opened as a local file (file://): its scripts run and Web Bluetooth is available", local)
     opened = chooser_opens(browser, page)
@@ -769,8 +769,8 @@ def main():
         browser.pump()
         found = problems(browser)
         check(not found, "no script errors, failed loads or CSP violations while the page ran", found)
-        names_elsewhere(browser, page, os.environ["WEB_URL_NO_DAEMON"], "served with no daemon to ask", None)
-        names_elsewhere(browser, page, os.environ["WEB_URL_OTHER_BOARD"], "served with another board's daemon",
+        names_elsewhere(browser, page, os.environ["BLECONTROL_WEB_URL_NO_DAEMON"], "served with no daemon to ask", None)
+        names_elsewhere(browser, page, os.environ["BLECONTROL_WEB_URL_OTHER_BOARD"], "served with another board's daemon",
                         "the names of other (the board where this page came from) are not shown: this board is simulator")
         origins(browser, page)
         web_page_on_tcp(page)
