@@ -106,21 +106,24 @@ struct AcquiredSockets {
     /// Write sockets a new acquisition replaced, read until BlueZ closes them.
     private var replacedWrite: [ObjectIdentifier: AcquiredSocket] = [:]
 
-    /// Takes `socket` as its central's. What BlueZ wrote to a write socket
-    /// it replaces is still the central's (BlueZoo acquires again when it
-    /// has not yet seen WriteAcquired change): delivered first, in order,
-    /// and the old socket kept until BlueZ closes its end. A replaced
-    /// notify socket is closed. True when none of its kind was acquired
-    /// before (WriteAcquired or NotifyAcquired changes).
-    mutating func add(_ socket: AcquiredSocket, notify isNotify: Bool) -> Bool {
+    /// Takes `socket` as its central's. A replaced notify socket is closed.
+    /// A replaced write socket is kept until BlueZ closes its end and
+    /// returned: what BlueZ wrote to it is still the central's (BlueZoo
+    /// acquires again when it has not yet seen WriteAcquired change), and
+    /// the caller delivers it first, in order (``AcquiredSocket/drainQueued()``,
+    /// called after this returns: reading may find BlueZ's end closed, and
+    /// that ends the old socket here, in ``ended(_:notify:)``). `first`:
+    /// none of its kind was acquired before (WriteAcquired or
+    /// NotifyAcquired changes).
+    mutating func add(_ socket: AcquiredSocket, notify isNotify: Bool) -> (first: Bool, replacedWrite: AcquiredSocket?) {
         let first = isNotify ? notify.isEmpty : write.isEmpty
         if isNotify {
             notify.updateValue(socket, forKey: socket.central)?.close()
-        } else if let old = write.updateValue(socket, forKey: socket.central) {
-            old.drainQueued()
-            replacedWrite[ObjectIdentifier(old)] = old
+            return (first, nil)
         }
-        return first
+        guard let old = write.updateValue(socket, forKey: socket.central) else { return (first, nil) }
+        replacedWrite[ObjectIdentifier(old)] = old
+        return (first, old)
     }
 
     /// What BlueZ closing its end of a socket meant.

@@ -842,7 +842,8 @@ public final class BLEPeripheral: @unchecked Sendable {
                 return call.fail("org.bluez.Error.Failed", "socketpair: \(String(cString: strerror(errno)))")
             }
             let name = notify ? "NotifyAcquired" : "WriteAcquired"
-            let first = self.acquired.add(socket, notify: notify)
+            let (first, replaced) = self.acquired.add(socket, notify: notify)
+            replaced?.drainQueued()
             do {
                 try socket.start(received: { [weak self, weak socket] bytes in
                     // BlueZ writes nothing into a notify socket (indications only confirm there).
