@@ -1,10 +1,10 @@
 #if canImport(Glibc)
-import Firmware
 import Glibc
 #endif
 import BLEControlProtocol
 import Board
 import Control
+import Firmware
 import Logging
 import Reactor
 import SystemPackage

@@ -18,7 +18,7 @@ a page from another site cannot drive the board through its TCP port (a
 fetch POST with frames in its body). Screenshots go to the shots
 directory, at phone and desktop widths.
 
-Usage: page_test.py URL SHOTS_DIR MONITOR_FILE BLECONTROL_WEB_DIR PROFILE_DIR LOG TLS_PORT
+Usage: page_test.py URL SHOTS_DIR MONITOR_FILE WEB_DIR PROFILE_DIR LOG TLS_PORT
 Environment: BLECONTROL_BIN, BLECONTROL_SOCKET, DBUS_SYSTEM_BUS_ADDRESS,
 BLECONTROL_WEB_URL_NO_DAEMON and BLECONTROL_WEB_URL_OTHER_BOARD (the page from `blecontrol web`
 with no daemon, and with the daemon of a board named "other"), CHROMIUM
@@ -41,7 +41,7 @@ from rig.board import ble_sessions, channel, cli_status  # noqa: E402 - the rigs
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 from cdp import Chromium  # noqa: E402
 
-URL, SHOTS, MONITOR, BLECONTROL_WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
+URL, SHOTS, MONITOR, WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
 # The bridge's token, from the address `blecontrol web` printed.
 TOKEN = os.environ["BLECONTROL_WEB_TOKEN"]
 NAME = "BLEControl-Sim"
@@ -557,7 +557,7 @@ def origins(browser, page):
         opened = chooser_opens(browser, page)
         check(opened is True, "…and Connect opens the chooser there", opened)
 
-    page.navigate("file://" + os.path.join(os.path.abspath(BLECONTROL_WEB_DIR), "index.html"))
+    page.navigate("file://" + os.path.join(os.path.abspath(WEB_DIR), "index.html"))
     local = page.eval("[window.isSecureContext, 'bluetooth' in navigator, document.body.dataset.state]")
     check(local == [True, True, "disconnected"], "the page opened as a local file (file://): its scripts run and Web Bluetooth is available", local)
     opened = chooser_opens(browser, page)
