@@ -40,7 +40,7 @@ if [ "${1:-}" = btvirt ]; then
     }
     pid=""
     for attempt in 1 2 3 4 5; do
-        if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+        if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
         for _ in $(seq 1200); do [ -e /sys/class/bluetooth/hci0 ] || break; sleep 0.1; done
         before=$(timeouts)
         "$dir/btvirt" -L -l2 &
@@ -51,7 +51,7 @@ if [ "${1:-}" = btvirt ]; then
         for _ in $(seq 240); do
             if addressed hci0 && addressed hci1; then ok=yes; break; fi
             kill -0 "$pid" 2>/dev/null || break
-            [ "$(timeouts)" -eq "$before" ] || break
+            [ "$(timeouts)" -le "$before" ] || break
             sleep 0.5
         done
         if [ "$ok" = yes ]; then
