@@ -388,10 +388,11 @@ check i16 "wpa_supplicant.conf: wlan0's configuration (0600) with the key, remov
     sh -c "grep -qF '$WIFI_PSK' /etc/wpa_supplicant/wpa_supplicant-wlan0.conf && [ \"\$(stat -c %a /etc/wpa_supplicant/wpa_supplicant-wlan0.conf)\" = 600 ] &&
            [ ! -e /boot/firmware/wpa_supplicant.conf ] || { ls -l /etc/wpa_supplicant /boot/firmware; exit 1; }"
 # The first boot applies systemd's presets to every unit (machine-id
-# "uninitialized"); what the build disabled, or the package leaves off, stays off.
-check i17 "the first boot's presets left wpa_supplicant.service, systemd-networkd-wait-online and blecontrol-web.service disabled" \
-    sh -c "for unit in wpa_supplicant.service systemd-networkd-wait-online.service blecontrol-web.service; do
-               state=\$(systemctl is-enabled \$unit 2>&1); [ \"\$state\" = disabled ] || { echo \"\$unit: \$state\"; exit 1; }
+# "uninitialized"); what the build disabled, or the package leaves off, stays
+# off, and the masked wait-online stays masked.
+check i17 "the first boot's presets left wpa_supplicant.service and blecontrol-web.service disabled, systemd-networkd-wait-online masked" \
+    sh -c "for unit in wpa_supplicant.service:disabled blecontrol-web.service:disabled systemd-networkd-wait-online.service:masked; do
+               state=\$(systemctl is-enabled \${unit%:*} 2>&1); [ \"\$state\" = \${unit#*:} ] || { echo \"\${unit%:*}: \$state\"; exit 1; }
            done"
 check i7 "authorized_keys removed from the boot partition, hostname kept" \
     sh -c '[ ! -e /boot/firmware/authorized_keys ] && [ -e /boot/firmware/hostname ] || ls /boot/firmware'
