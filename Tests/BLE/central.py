@@ -4,6 +4,12 @@ GATT application (registered on hci0 of the same BlueZoo) with the original
 iOS library's byte sequences and checks what the emulated board did through
 `blecontrol status --json`.
 
+The scenario and the two-centrals phase are the VM tier's too
+(scripts/lib/rig/ble_scenario.py); this file is their Bleak adapter, plus
+what only this tier checks (the Device Information service, frames split and
+joined across writes, a slider's 200 writes, BlueZoo's restart, the demo
+app's session, an idle broker, silence per commander).
+
 Prints one PASS/FAIL line per check; exit status 1 when any failed.
 Environment: DBUS_SYSTEM_BUS_ADDRESS (the private bus), BLECONTROL_BIN,
 BLECONTROL_SOCKET, BLECONTROL_BLE_NAME, BLECONTROL_BLE_CENTRAL_ADAPTER (default hci1) and, for
@@ -20,7 +26,8 @@ from bleak import BleakClient, BleakScanner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig.board as board  # noqa: E402 - scripts/lib: the rigs' one board client
-from rig.board import ble_sessions, channel, cli_status  # noqa: E402
+from rig import ble_scenario  # noqa: E402 - the scenario both BLE tiers run
+from rig.board import ble_sessions, channel, cli_status, enable_frame, lcd_text_frame, pwm_frame, servo_frame, switch_frame  # noqa: E402
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -47,115 +54,66 @@ async def wait_for(predicate, tries=1200):
     return await board.wait_for(predicate, tries=tries)
 
 
-async def find(timeout=120.0, adapter=ADAPTER):
-    """Scan for the board by local name or by service (find_device_by_name is
-    unreliable against BlueZoo; a filter on either is not). The scan ends as
-    soon as the board is seen; the timeout only bounds a board that never is."""
-    found = asyncio.Event()
-    hit = {}
+# This tier's lines carry no ids: the text says which check it is.
+CHECKS = ble_scenario.Checks(lambda ok, ident, what, why="": check(ok, what, why), status, wait_for)
 
-    def seen(device, adv):
-        if adv.local_name == NAME or SERVICE in [u.lower() for u in adv.service_uuids]:
-            hit["device"] = device
-            hit["name"] = adv.local_name
-            hit["services"] = [u.lower() for u in adv.service_uuids]
-            found.set()
 
-    async with BleakScanner(detection_callback=seen, bluez={"adapter": adapter}):
-        try:
-            await asyncio.wait_for(found.wait(), timeout)
-        except asyncio.TimeoutError:
+class BleakLink:
+    """One Bleak connection with FFE1 subscribed (ble_scenario's link)."""
+
+    def __init__(self, client, address, properties):
+        self.client = client
+        self.address = address
+        self.properties = properties
+        self.notifications = []
+
+    async def write(self, data, response):
+        await self.client.write_gatt_char(CHAR, data, response=response)
+
+    async def close(self):
+        await self.client.disconnect()
+
+
+class BleakCentral:
+    """Bleak on one BlueZoo adapter (ble_scenario's central)."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.label = "Bleak on " + adapter
+
+    async def find(self, timeout=120.0):
+        """Scan for the board by local name or by service (find_device_by_name
+        is unreliable against BlueZoo; a filter on either is not). The scan
+        ends as soon as the board is seen; the timeout only bounds a board
+        that never is."""
+        found = asyncio.Event()
+        hit = {}
+
+        def seen(device, adv):
+            uuids = [u.lower() for u in adv.service_uuids]
+            if adv.local_name == NAME or SERVICE in uuids:
+                hit.update(device=device, name=adv.local_name,
+                           services={int(u[4:8], 16) for u in uuids if u.endswith("-0000-1000-8000-00805f9b34fb")})
+                found.set()
+
+        async with BleakScanner(detection_callback=seen, bluez={"adapter": self.adapter}):
+            try:
+                await asyncio.wait_for(found.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        return hit
+
+    async def connect(self, found):
+        client = BleakClient(found["device"], bluez={"adapter": self.adapter})
+        await client.connect()
+        char = client.services.get_characteristic(CHAR)
+        if char is None or char.service_uuid != SERVICE:
+            await client.disconnect()
             return None
-    return hit
-
-
-async def scenario():
-    report = status()
-    check("advertising" in report["transports"].get("ble", ""), "daemon registered on hci0", report["transports"].get("ble"))
-
-    hit = await find()
-    if not check(hit is not None, "scan finds the board by name or service FFE0"):
-        return
-    check(hit["name"] == NAME, "advertised local name is the board's", hit.get("name"))
-    check(SERVICE in hit["services"], "advertisement lists service FFE0", hit.get("services"))
-
-    notifications = []
-    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
-        check(client.is_connected, "connected")
-        services = client.services
-        char = services.get_characteristic(CHAR)
-        check(char is not None and char.service_uuid == SERVICE, "FFE1 inside FFE0")
-        if char is not None:
-            props = sorted(char.properties)
-            check({"write", "write-without-response", "notify"} <= set(props), "FFE1 is write, write-without-response, notify", props)
-        dis = [s for s in services if s.uuid.startswith("0000180a")]
-        if check(len(dis) == 1, "Device Information service present"):
-            model = await client.read_gatt_char("00002a24-0000-1000-8000-00805f9b34fb")
-            check(len(model) > 0, "DIS model string readable", model)
-
-        await client.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
-
-        # The original library: ANALOG_OUT_EN with response, SERVO_VAL and
-        # PWM_VAL without, LCD_TEXT and LCD_CLEAR with.
-        await client.write_gatt_char(CHAR, bytes([0x01, 0x02, 0x00, 0x01]), response=True)
-        await client.write_gatt_char(CHAR, bytes([0x02, 0x03, 0x00, 0x01, 0xF4]), response=False)  # ch0 500 → 1500 µs
-        await client.write_gatt_char(CHAR, bytes([0x01, 0x02, 0x06, 0x01]), response=True)
-        await client.write_gatt_char(CHAR, bytes([0x03, 0x03, 0x06, 0x01, 0xF4]), response=False)  # ch6 50 %
-        # This scenario runs with AcquireWrite offered: once the write socket
-        # is acquired, writes with response go through it too and are
-        # acknowledged at once (as bluetoothd does, docs/protocol.md), so the
-        # text is waited for here; after_restart checks the acknowledgement
-        # on the default WriteValue path.
-        await client.write_gatt_char(CHAR, bytes([0x04, 0x07, 0x00]) + b"Hello" + bytes([0x00]), response=True)
-        shown = await wait_for(lambda: status()["lcd"]["lines"][0].startswith("Hello"))
-        check(shown, "LCD_TEXT with response → the LCD shows Hello", status()["lcd"]["lines"])
-        # 12-bit PCA9685 counts at 50 Hz are ~4.9 µs apart: compare within 5 µs.
-        report = await wait_for(lambda: (lambda r: r if abs(channel(r, 0).get("pulse_us", 0) - 1500) < 5 else None)(status()))
-        check(report is not None, "SERVO_VAL without response → ch0 1500 µs", channel(status(), 0))
-        report = await wait_for(lambda: (lambda r: r if abs(channel(r, 6).get("duty", 0) - 0.5) < 0.01 else None)(status()))
-        check(report is not None, "PWM_VAL without response → ch6 50 % duty", channel(status(), 6))
-
-        # A frame split over two writes, and two frames in one write.
-        await client.write_gatt_char(CHAR, bytes([0x02, 0x03, 0x00]), response=False)
-        await client.write_gatt_char(CHAR, bytes([0x03, 0xE8]), response=False)  # ch0 1000 → 2000 µs
-        ok = await wait_for(lambda: abs(channel(status(), 0).get("pulse_us", 0) - 2000) < 5)
-        check(ok, "fragmented SERVO_VAL reassembled → ch0 2000 µs", channel(status(), 0))
-        await client.write_gatt_char(CHAR, bytes([0x02, 0x03, 0x01, 0x00, 0x00, 0x05, 0x00]), response=True)
-        # Acknowledged at once through the acquired socket (see above): the
-        # LCD thread clears the display when it gets to it.
-        cleared = await wait_for(lambda: all(l.strip() == "" for l in status()["lcd"]["lines"]))
-        check(cleared, "SERVO_VAL + LCD_CLEAR in one write", status()["lcd"]["lines"])
-
-        # 200 writes without response, as a slider would.
-        await client.write_gatt_char(CHAR, bytes([0x01, 0x02, 0x02, 0x01]), response=True)
-        start = time.monotonic()
-        for i in range(200):
-            await client.write_gatt_char(CHAR, bytes([0x02, 0x03, 0x02, (i * 5) >> 8, (i * 5) & 0xFF]), response=False)
-        elapsed = time.monotonic() - start
-        ok = await wait_for(lambda: abs(channel(status(), 2).get("pulse_us", 0) - (1000 + 199 * 5)) < 5)
-        check(ok, "200 writes without response, last value applied (%.2f s)" % elapsed, channel(status(), 2))
-
-        # Unknown command 9 → ERROR notification FF 01 09.
-        await client.write_gatt_char(CHAR, bytes([0x09, 0x00]), response=True)
-        ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
-        check(ok, "unknown command 9 → notification FF 01 09", [n.hex() for n in notifications])
-
-        report = status()
-        sessions = ble_sessions(report)
-        check(len(sessions) == 1 and sessions[0]["frames"] >= 200, "one BLE session with the frames counted", sessions)
-        check(report["servo"].get("failsafe") is None, "no failsafe while connected", report["servo"].get("failsafe"))
-
-    # Disconnect: the session ends and the failsafe engages.
-    ok = await wait_for(lambda: len(ble_sessions(status())) == 0)
-    check(ok, "disconnect → BLE session ended", ble_sessions(status()))
-    failsafe = status()["servo"].get("failsafe")
-    check(failsafe is not None and failsafe.startswith("central left: ble"), "disconnect of the central in control → failsafe engaged", failsafe)
-
-    # Advertising goes on: BlueZoo still holds our advertisement. (A second
-    # scan would not report a device BlueZoo already knows, and BlueZoo 1.0.2
-    # fails a second connection to the same device with EEXIST from sd-bus,
-    # so reconnecting is checked after the BlueZoo restart instead.)
-    check(await advertising_instances("hci0") == 1, "still advertising after the central left")
+        address = await adapter_property(self.adapter, "org.bluez.Adapter1", "Address")
+        link = BleakLink(client, address, set(char.properties))
+        await client.start_notify(CHAR, lambda _, data: link.notifications.append(bytes(data)))
+        return link
 
 
 async def adapter_property(adapter, interface, name):
@@ -176,26 +134,74 @@ async def advertising_instances(adapter):
     return await adapter_property(adapter, "org.bluez.LEAdvertisingManager1", "ActiveInstances")
 
 
-async def after_restart():
-    hit = await find()
-    if not check(hit is not None, "after BlueZoo restart: found again by scan"):
+async def connected(link):
+    """This tier's own checks on the scenario's link; how many frames they sent."""
+    dis = [s for s in link.client.services if s.uuid.startswith("0000180a")]
+    if check(len(dis) == 1, "Device Information service present"):
+        model = await link.client.read_gatt_char("00002a24-0000-1000-8000-00805f9b34fb")
+        check(len(model) > 0, "DIS model string readable", model)
+    # A frame split over two writes, and two frames in one write. (Over the
+    # VM's real bluetoothd a new central's halves may be held apart for
+    # longer than idle_timeout_ms: that tier checks them with a longer one.)
+    split = servo_frame(0, 1000)  # 1000 -> 2000 µs
+    await link.write(split[:3], False)
+    await link.write(split[3:], False)
+    check(await CHECKS.pulse_at(0, 2000), "fragmented SERVO_VAL reassembled → ch0 2000 µs", channel(status(), 0))
+    await link.write(servo_frame(1, 0) + ble_scenario.lcd_clear_frame(), True)
+    # Acknowledged at once through the acquired socket: the LCD thread
+    # clears the display when it gets to it.
+    cleared = await wait_for(lambda: all(line.strip() == "" for line in status()["lcd"]["lines"]))
+    check(cleared, "SERVO_VAL + LCD_CLEAR in one write", status()["lcd"]["lines"])
+    # 200 writes without response, as a slider would.
+    await link.write(enable_frame(2), True)
+    start = time.monotonic()
+    for i in range(200):
+        await link.write(servo_frame(2, i * 5), False)
+    elapsed = time.monotonic() - start
+    check(await CHECKS.pulse_at(2, 1000 + 199 * 5), "200 writes without response, last value applied (%.2f s)" % elapsed,
+          channel(status(), 2))
+    return 1 + 2 + 1 + 200  # the split SERVO_VAL, SERVO_VAL + LCD_CLEAR, the enable, the slider
+
+
+async def scenario():
+    if await ble_scenario.scenario(CHECKS, BleakCentral(ADAPTER), NAME, connected) is None:
         return
-    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
-        notifications = []
-        await client.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
-        await client.write_gatt_char(CHAR, bytes([0x01, 0x02, 0x01, 0x01, 0x02, 0x03, 0x01, 0x03, 0xE8]), response=True)
-        ok = await wait_for(lambda: abs(channel(status(), 1).get("pulse_us", 0) - 2000) < 5)
-        check(ok, "after BlueZoo restart: write applied → ch1 2000 µs", channel(status(), 1))
-        await client.write_gatt_char(CHAR, bytes([0x09, 0x00]), response=True)
-        ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
-        check(ok, "after BlueZoo restart: notifications work", [n.hex() for n in notifications])
+    # Advertising goes on: BlueZoo still holds our advertisement. (A second
+    # scan would not report a device BlueZoo already knows, and BlueZoo 1.0.2
+    # fails a second connection to the same device with EEXIST from sd-bus,
+    # so reconnecting is checked after the BlueZoo restart instead.)
+    check(await advertising_instances("hci0") == 1, "still advertising after the central left")
+
+
+async def connect(what):
+    """Scan and connect on the central adapter; None (and a FAIL) when the
+    board is not found or FFE1 is missing."""
+    central = BleakCentral(ADAPTER)
+    found = await central.find()
+    link = await central.connect(found) if found is not None else None
+    check(link is not None, what + ": finds the board and connects")
+    return link
+
+
+async def after_restart():
+    link = await connect("after BlueZoo restart")
+    if link is None:
+        return
+    try:
+        await link.write(enable_frame(1) + servo_frame(1, 1000), True)
+        check(await CHECKS.pulse_at(1, 2000), "after BlueZoo restart: write applied → ch1 2000 µs", channel(status(), 1))
+        await link.write(ble_scenario.UNKNOWN, True)
+        ok = await wait_for(lambda: ble_scenario.ERROR_UNKNOWN in link.notifications)
+        check(ok, "after BlueZoo restart: notifications work", [n.hex() for n in link.notifications])
         if os.environ.get("BLECONTROL_BLE_ACK_AFTER_APPLY") == "1":
             # Through WriteValue (the default board) a write with response is
             # answered once applied: a status read after the answer shows the
             # whole text.
-            await client.write_gatt_char(CHAR, bytes([0x04, 0x09, 0x01]) + b"Applied" + bytes([0x00]), response=True)
+            await link.write(lcd_text_frame(1, b"Applied"), True)
             lines = status()["lcd"]["lines"]
             check(lines[1].startswith("Applied"), "LCD_TEXT with response applied before the write is acknowledged", lines)
+    finally:
+        await link.close()
 
 
 async def adapter_alias(adapter):
@@ -209,27 +215,23 @@ async def demo_app():
     negative), switches 0-3 (without), two LCD lines (with), and leaving the
     control screen (every channel disabled, with response)."""
     check(await adapter_alias("hci0") == NAME, "the adapter's alias is the board's name (what iOS lists)", await adapter_alias("hci0"))
-    hit = await find()
-    if not check(hit is not None, "demo app: finds the board"):
+    link = await connect("demo app")
+    if link is None:
         return
-    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
-        notifications = []
-        await client.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
+    try:
         for number in range(8):
-            await client.write_gatt_char(CHAR, bytes([0x01, 0x02, number, 0x01]), response=True)
+            await link.write(enable_frame(number), True)
         servos = [100, 400, 700, 1000]
         for moved in range(4):
             for number in range(moved + 1):
-                value = servos[number]
-                await client.write_gatt_char(CHAR, bytes([0x02, 0x03, number, value >> 8, value & 0xFF]), response=False)
+                await link.write(servo_frame(number, servos[number]), False)
         pwm = [250, 500, 1000, -500]
         for offset, value in enumerate(pwm):
-            raw = value & 0xFFFF
-            await client.write_gatt_char(CHAR, bytes([0x03, 0x03, 4 + offset, raw >> 8, raw & 0xFF]), response=False)
+            await link.write(pwm_frame(4 + offset, value & 0xFFFF), False)
         for index, on in enumerate([1, 0, 1, 1]):
-            await client.write_gatt_char(CHAR, bytes([0x06, 0x02, index, on]), response=False)
-        await client.write_gatt_char(CHAR, bytes([0x04, 0x0C, 0x00]) + b"BLEControl" + bytes([0x00]), response=True)
-        await client.write_gatt_char(CHAR, bytes([0x04, 0x0A, 0x01]) + b"Demo app" + bytes([0x00]), response=True)
+            await link.write(switch_frame(index, on), False)
+        await link.write(lcd_text_frame(0, b"BLEControl"), True)
+        await link.write(lcd_text_frame(1, b"Demo app"), True)
 
         def outputs_match(report):
             servo_ok = all(abs(channel(report, c).get("pulse_us", 0) - (1000 + servos[c])) < 5 for c in range(4))
@@ -244,81 +246,24 @@ async def demo_app():
         check(report["lcd"]["lines"] == ["BLEControl      ", "Demo app        "], "demo app: both LCD lines", report["lcd"]["lines"])
         # Nothing the app sent drew an ERROR: the first notification is the
         # one this deliberately unknown command draws.
-        await client.write_gatt_char(CHAR, bytes([0x09, 0x00]), response=True)
-        await wait_for(lambda: len(notifications) > 0)
-        check(notifications[:1] == [bytes([0xFF, 0x01, 0x09])], "demo app: no ERROR notification for anything the app sent", [n.hex() for n in notifications])
-        for channel_number in range(8):
-            await client.write_gatt_char(CHAR, bytes([0x01, 0x02, channel_number, 0x00]), response=True)
+        await link.write(ble_scenario.UNKNOWN, True)
+        await wait_for(lambda: len(link.notifications) > 0)
+        check(link.notifications[:1] == [ble_scenario.ERROR_UNKNOWN], "demo app: no ERROR notification for anything the app sent",
+              [n.hex() for n in link.notifications])
+        for number in range(8):
+            await link.write(enable_frame(number, False), True)
         report = status()
         check(all(channel(report, c).get("pulse_us") == 0 for c in range(8)), "demo app: leaving the screen stops every channel (acknowledged once applied)",
               [channel(report, c).get("pulse_us") for c in range(8)])
-
-
-# Issue 28: the failsafe follows the central in control (docs/protocol.md,
-# "Failsafe"). PWM 4 at 50 % from the commander; what else stays connected
-# must not keep it running once the commander leaves.
-ENABLE_4 = bytes([0x01, 0x02, 0x04, 0x01])
-PWM_4_HALF = bytes([0x03, 0x03, 0x04, 0x01, 0xF4])  # 500 → 50 %
-PWM_4_QUARTER = bytes([0x03, 0x03, 0x04, 0x00, 0xFA])  # 250 → 25 %
-
-
-def duty_4(report):
-    return channel(report, 4).get("duty", -1)
-
-
-def failsafe_of(report):
-    return report["servo"].get("failsafe")
-
-
-async def pwm_4_at_half(client, what):
-    await client.write_gatt_char(CHAR, ENABLE_4 + PWM_4_HALF, response=True)
-    ok = await wait_for(lambda: abs(duty_4(status()) - 0.5) < 0.001)
-    return check(ok, what + ": enable 4 + PWM_VAL 4 = 500 → channel 4 at 50 %", channel(status(), 4))
-
-
-async def commander_left(label, commander_address):
-    """After the commander's link is gone: the failsafe names it, channel 4 off."""
-    failsafe = await wait_for(lambda: failsafe_of(status()))
-    device = "dev_" + (commander_address or "?").replace(":", "_")
-    check(failsafe is not None and failsafe.startswith("central left: ble") and device in failsafe and "channel 4" in failsafe,
-          label + ": failsafe engaged, naming the commander (%s) and channel 4 (%s)" % (device, failsafe), failsafe)
-    ok = await wait_for(lambda: duty_4(status()) == 0)
-    check(ok, label + ": channel 4 at duty 0", channel(status(), 4))
+    finally:
+        await link.close()
 
 
 async def two_centrals():
-    """Two phones: an observer on BLECONTROL_BLE_OBSERVER_ADAPTER (notifications on, INIT
-    and LCD text only) and the commander on BLECONTROL_BLE_CENTRAL_ADAPTER. The
-    commander leaves: failsafe, though the observer stays; the observer's
-    first command ends it and applies."""
-    label = "two BLE centrals"
-    commander_address = await adapter_property(ADAPTER, "org.bluez.Adapter1", "Address")
-    observer_hit = await find(adapter=OBSERVER_ADAPTER)
-    commander_hit = await find(adapter=ADAPTER)
-    if not check(observer_hit is not None and commander_hit is not None,
-                 label + ": both find the board (%s and %s)" % (OBSERVER_ADAPTER, ADAPTER), (observer_hit, commander_hit)):
-        return
-    async with BleakClient(observer_hit["device"], bluez={"adapter": OBSERVER_ADAPTER}) as observer:
-        notifications = []
-        await observer.start_notify(CHAR, lambda _, data: notifications.append(bytes(data)))
-        await observer.write_gatt_char(CHAR, bytes([0x00, 0x00]) + bytes([0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), response=True)
-        shown = await wait_for(lambda: status()["lcd"]["lines"][0].startswith("watching"))
-        check(shown, label + ": the observer (%s) sent INIT and LCD text" % OBSERVER_ADAPTER, status()["lcd"]["lines"])
-        async with BleakClient(commander_hit["device"], bluez={"adapter": ADAPTER}) as commander:
-            if not await pwm_4_at_half(commander, label + ": the commander (%s)" % ADAPTER):
-                return
-            sessions = ble_sessions(status())
-            check(len(sessions) == 2, label + ": two BLE sessions", sessions)
-        ok = await wait_for(lambda: len(ble_sessions(status())) == 1)
-        check(ok, label + ": the commander disconnected, the observer's session stays", ble_sessions(status()))
-        await commander_left(label + ", the commander left while the observer stays", commander_address)
-        await observer.write_gatt_char(CHAR, PWM_4_QUARTER, response=True)
-        ok = await wait_for(lambda: failsafe_of(status()) is None)
-        check(ok, label + ": the observer's first command (PWM_VAL 4 = 250) ends the failsafe", failsafe_of(status()))
-        ok = await wait_for(lambda: abs(duty_4(status()) - 0.25) < 0.001)
-        check(ok, label + ": and applies: channel 4 at 25 %", channel(status(), 4))
-        check(not any(n.startswith(bytes([0xFF])) for n in notifications), label + ": no ERROR notification to the observer",
-              [n.hex() for n in notifications])
+    """Two phones: an observer on BLECONTROL_BLE_OBSERVER_ADAPTER (notifications
+    on, INIT and LCD text only) and the commander on
+    BLECONTROL_BLE_CENTRAL_ADAPTER (ble_scenario.two_centrals)."""
+    await ble_scenario.two_centrals(CHECKS, BleakCentral(ADAPTER), BleakCentral(OBSERVER_ADAPTER))
 
 
 async def mqtt_idle():
@@ -329,16 +274,17 @@ async def mqtt_idle():
     ok = await wait_for(lambda: mqtt_state().startswith("connected"))
     if not check(ok, label + ": the board is connected to the broker (%s)" % mqtt_state(), mqtt_state()):
         return
-    commander_address = await adapter_property(ADAPTER, "org.bluez.Adapter1", "Address")
-    hit = await find()
-    if not check(hit is not None, label + ": the BLE central finds the board"):
+    link = await connect(label + ": the BLE central")
+    if link is None:
         return
-    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
-        if not await pwm_4_at_half(client, label):
+    try:
+        if not await ble_scenario.pwm_4_at_half(CHECKS, link, "", label):
             return
+    finally:
+        await link.close()
     ok = await wait_for(lambda: len(ble_sessions(status())) == 0)
     check(ok, label + ": the BLE central disconnected, its session ended", ble_sessions(status()))
-    await commander_left(label + ", the BLE commander left", commander_address)
+    await ble_scenario.commander_left(CHECKS, link.address, ("", ""), label + ", the BLE commander left")
     check(mqtt_state().startswith("connected"), label + ": the broker is still connected (%s)" % mqtt_state(), mqtt_state())
 
 
@@ -349,33 +295,35 @@ async def silence():
     timeout the BLE central's channel fails safe, naming it, although the
     TCP central never paused; the TCP central's own switch stays its own."""
     label = "silence per commander (BLE frozen, TCP busy)"
-    hit = await find()
-    if not check(hit is not None, label + ": the board is found", hit):
-        return
     port = int(status()["transports"]["tcp"].rsplit(":", 1)[1])
-    async with BleakClient(hit["device"], bluez={"adapter": ADAPTER}) as client:
-        if not await pwm_4_at_half(client, label + ": the BLE central"):
+    link = await connect(label)
+    if link is None:
+        return
+    try:
+        if not await ble_scenario.pwm_4_at_half(CHECKS, link, "", label + ": the BLE central"):
             return
         tcp = socket.create_connection(("127.0.0.1", port))
         try:
-            tcp.sendall(bytes([0x00, 0x00]))  # INIT: a central, not a stray connection
+            tcp.sendall(board.init_frame())  # a central, not a stray connection
             sent = 0
 
             def engaged():
                 nonlocal sent
-                tcp.sendall(bytes([0x06, 0x02, 0x00, sent % 2]))
+                tcp.sendall(switch_frame(0, sent % 2))
                 sent += 1
                 time.sleep(0.3)
-                return failsafe_of(status())
+                return CHECKS.failsafe()
             failsafe = await wait_for(engaged, tries=200)
             check(failsafe is not None and failsafe.startswith("central silent: ble") and "channel 4" in failsafe,
                   label + ": the frozen BLE central's channel 4 failed safe while the TCP central wrote every 300 ms "
                   "(%d switch frames): %s" % (sent, failsafe), failsafe)
-            ok = await wait_for(lambda: duty_4(status()) == 0)
+            ok = await wait_for(lambda: channel(status(), 4).get("duty", -1) == 0)
             check(ok, label + ": channel 4 at duty 0, the BLE central still connected", (channel(status(), 4), ble_sessions(status())))
             check(len(ble_sessions(status())) == 1, label + ": its connection stayed open", ble_sessions(status()))
         finally:
             tcp.close()
+    finally:
+        await link.close()
 
 
 PHASES = {"scenario": scenario, "demo-app": demo_app, "after-restart": after_restart,

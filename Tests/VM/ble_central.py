@@ -3,12 +3,14 @@
 blecontrold's GATT application, registered through the real bluetoothd on
 hci0 (both controllers come from `btvirt`, on one virtual link).
 
-The scenario is the D-Bus tier's (Tests/BLE/central.py) on real BlueZ: scan
-by name, connect, discover FFE0/FFE1, subscribe, the original iOS library's
-frames with and without response (checked through `blecontrol status
---json`), an unknown command -> notification FF 01 09, disconnect -> session
-ended + failsafe, then bluetoothd killed and restarted -> the daemon
-registers again within 2 s and a new connection works. With --bench the
+The scenario and the two-centrals phase are the D-Bus tier's, written once
+in scripts/lib/rig/ble_scenario.py (this file is their Bumble adapter), on
+real BlueZ: scan by name, connect, discover FFE0/FFE1, subscribe, the
+original iOS library's frames with and without response (checked through
+`blecontrol status --json`), an unknown command -> notification FF 01 09,
+disconnect -> session ended + failsafe; then what only real BlueZ shows:
+a second connection, bluetoothd killed and restarted -> the daemon
+registers again within 2 s and a new connection works, and the phases below. With --bench the
 benchmark (Tests/VM/ble_bench.py) follows on the same controller, so Bumble
 is imported once (~17 s under TCG).
 
@@ -36,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
 import rig.board  # noqa: E402
+from rig import ble_scenario  # noqa: E402 - the scenario both BLE tiers run
 from rig.board import ble_sessions, ble_state, channel  # noqa: E402,F401 - the rigs' one copy; phone_links reads them here
 
 started = time.monotonic()
@@ -103,6 +106,10 @@ async def wait_for(predicate, interval=0.1, patience=120.0):
     progress (rig.progress), so the VM's quiet guard lets a slow wait reach
     its FAIL line rather than ending the guest first."""
     return await rig.board.wait_for(predicate, tries=int(patience / interval), interval=interval, each_try=rig.progress)
+
+
+# The shared scenario's view of this tier (rig.ble_scenario).
+CHECKS = ble_scenario.Checks(record, status_cli, wait_for)
 
 
 def ad_fields(advertisement):
@@ -206,18 +213,19 @@ async def discovery(device, scans=100):
         % (time.monotonic() - phase_started, len(reports), len(reports) / 3.0))
 
 
-async def connect(device, timeout=30.0, attempts=3, name=None, subscribe=True, **connect_options):
+async def connect(device, timeout=30.0, attempts=3, name=None, subscribe=True, entry=None, **connect_options):
     """Scan, connect, discover FFE0/FFE1 by their 16-bit forms, subscribe
     (unless `subscribe` is false: with ble.security authenticated the CCC
     write needs a paired link). Returns (connection, peer, characteristic,
     notifications, advertisement entry), the characteristic None when
-    FFE0/FFE1 never showed up.
+    FFE0/FFE1 never showed up. `entry`, a scan's result, spares the first
+    attempt its scan.
 
     Retried: right after a bluetoothd restart the controller may still carry
     the old advertisement, so a central can connect before the GATT
     application is in BlueZ's database and discover only GAP/GATT."""
     for attempt in range(attempts):
-        entry = await scan(device, timeout, name)
+        entry = entry if attempt == 0 and entry is not None else await scan(device, timeout, name)
         if entry is None:
             return None
         try:
@@ -262,60 +270,57 @@ async def disconnect(device, connection):
         say("disconnect: %r" % error)
 
 
+class BumbleLink:
+    """One Bumble connection with FFE1 subscribed (rig.ble_scenario's link)."""
+
+    # Characteristic properties (Core 5.3 Vol 3 Part G 3.3.1.1).
+    PROPERTIES = ((0x02, "read"), (0x04, "write-without-response"), (0x08, "write"), (0x10, "notify"), (0x20, "indicate"))
+
+    def __init__(self, device, connection, char, notifications):
+        self.device, self.connection, self.char = device, connection, char
+        self.notifications = notifications
+        self.properties = {name for bit, name in self.PROPERTIES if int(char.properties) & bit}
+        self.address = connection.self_address.to_string(False)
+
+    async def write(self, data, response):
+        await self.char.write_value(data, with_response=response)
+
+    async def close(self):
+        await disconnect(self.device, self.connection)
+
+
+class BumbleCentral:
+    """A Bumble host on one btvirt controller (rig.ble_scenario's central)."""
+
+    def __init__(self, device, hci):
+        self.device = device
+        self.label = "the Bumble central on hci%s" % hci
+
+    async def find(self):
+        entry = await scan(self.device)
+        return None if entry is None else {"name": entry["name"], "services": entry["uuids"], "entry": entry}
+
+    async def connect(self, found):
+        result = await connect(self.device, entry=found["entry"])
+        return None if result is None else BumbleLink(self.device, result[0], result[2], result[3])
+
+
 async def scenario(device):
-    # Bounded at 180 s (a guard against a hang): on a busy machine the
-    # daemon may wait that long for bluetoothd to list hci0.
-    report = await wait_for(lambda: (lambda r: r if "advertising" in ble_state(r) else None)(status_cli()), 0.5, patience=180)
-    if not record(report is not None, "v1", "daemon registered its GATT application and advertisement on hci0 (real bluetoothd)",
-                  ble_state(status_cli())):
+    """The BLE tier's scenario (rig.ble_scenario) on real BlueZ, then what
+    BlueZoo cannot do: a second connection to the same board."""
+    async def keep_status(link):
+        """The status while connected, kept in the logs; no frame sent."""
+        with open(os.path.join(os.environ.get("BLECONTROL_BLE_OUT", "."), "status-ble-connected.json"), "w") as f:
+            json.dump(status_cli(), f, indent=1)
+        return 0
+    if await ble_scenario.scenario(CHECKS, BumbleCentral(device, HCI), NAME, keep_status) is None:
         return
-    t0 = time.monotonic()
-    result = await connect(device)
-    if not record(result is not None, "v2", "Bumble central on hci%s finds the board by its name '%s', connects, "
-                  "finds FFE1 inside FFE0 and subscribes (%.1f s)" % (HCI, NAME, time.monotonic() - t0)):
-        return
-    connection, peer, char, notifications, entry = result
-    record(0xFFE0 in entry["uuids"], "v3", "advertisement lists service FFE0", sorted(entry["uuids"]))
-    props = int(char.properties)
-    # Write 0x08, Write Without Response 0x04, Notify 0x10 (Core 5.3 Vol 3 Part G 3.3.1.1).
-    record(props & 0x1C == 0x1C, "v5", "FFE1 properties: write, write-without-response, notify", hex(props))
-
-    # The original library: ANALOG_OUT_EN with response, SERVO_VAL without,
-    # LCD_TEXT with response.
-    await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
-    await char.write_value(bytes([0x02, 0x03, 0x00, 0x01, 0xF4]), with_response=False)  # ch0 500 -> 1500 us
-    await char.write_value(bytes([0x04, 0x07, 0x00]) + b"Hello" + bytes([0x00]), with_response=True)
-    # Whether the acknowledgement waited for the LCD is the "ack" phase's
-    # question (a slow bus makes the answer independent of timing); here
-    # the text only has to arrive.
-    ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("Hello"))
-    record(ok, "v6", "LCD_TEXT 04 07 00 'Hello' 00 with response -> the LCD shows Hello", status_cli()["lcd"]["lines"])
-    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1500) < 5)
-    record(ok, "v7", "enable 01 02 00 01 (with response) + SERVO_VAL 02 03 00 01 F4 (without) -> ch0 1500 us",
-           channel(status_cli(), 0))
-    await char.write_value(bytes([0x09, 0x00]), with_response=True)
-    ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
-    record(ok, "v9", "unknown command 09 00 -> notification FF 01 09", [n.hex() for n in notifications])
-
-    report = status_cli()
-    sessions = ble_sessions(report)
-    record(len(sessions) == 1 and sessions[0].get("frames", 0) >= 3, "v10", "one BLE session with its frames counted", sessions)
-    record(report["servo"].get("failsafe") is None, "v11", "no failsafe while connected", report["servo"].get("failsafe"))
-    with open(os.path.join(os.environ.get("BLECONTROL_BLE_OUT", "."), "status-ble-connected.json"), "w") as f:
-        json.dump(report, f, indent=1)
-
-    await disconnect(device, connection)
-    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
-    record(ok, "v12", "disconnect -> BLE session ended", ble_sessions(status_cli()))
-    failsafe = status_cli()["servo"].get("failsafe")
-    record(failsafe is not None, "v13", "disconnect -> servo failsafe engaged (%s)" % failsafe, failsafe)
-
     # Advertising resumes and a second connection works (real BlueZ, unlike
     # BlueZoo, supports reconnecting to the same device).
     result = await connect(device)
     ok = result is not None
     if ok:
-        await result[2].write_value(bytes([0x01, 0x02, 0x01, 0x01, 0x02, 0x03, 0x01, 0x03, 0xE8]), with_response=True)
+        await result[2].write_value(rig.board.enable_frame(1) + rig.board.servo_frame(1, 1000), with_response=True)
         ok = await wait_for(lambda: abs(channel(status_cli(), 1).get("pulse_us", 0) - 2000) < 5)
         await disconnect(device, result[0])
     record(ok, "v14", "advertising resumed: reconnected, two frames in one write -> ch1 2000 us",
@@ -324,12 +329,8 @@ async def scenario(device):
 
 
 async def two_centrals(device, observer, spacer):
-    """Two phones (issue 28): the failsafe follows the central in control
-    (docs/protocol.md, "Failsafe"). The observer (a Bumble host on hci2)
-    connects, subscribes and sends INIT and LCD text only; the commander
-    (hci1) connects while it stays, runs PWM 4 at 50 % and leaves. The
-    failsafe engages though the observer is still connected, naming the
-    commander; the observer's first command ends it and applies.
+    """Two phones (issue 28), as in the BLE tier (rig.ble_scenario): the
+    observer on hci2, the commander on hci1.
 
     btvirt (emulator/btdev.c, 5.66 and 5.82 alike) numbers the two ends of a
     link apart, each its controller's lowest free handle from 42, then tells
@@ -352,58 +353,12 @@ async def two_centrals(device, observer, spacer):
         return
     await spacer.start_advertising(auto_restart=False)
     spacing = await device.connect(spacer.random_address, timeout=20)
-    o_connection = None
     try:
-        await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.5)
-        watching = await connect(observer)
-        if not record(watching is not None, "m2", "the observer on hci%s finds the board, connects, subscribes to FFE1" % OBSERVER_HCI):
-            return
-        o_connection, _, o_char, o_notifications, _ = watching
-        # Bounded: a write whose response never comes is a FAIL with the
-        # board's state, not a guest that hangs until the quiet guard.
-        try:
-            await asyncio.wait_for(o_char.write_value(bytes([0x00, 0x00, 0x04, 0x0A, 0x00]) + b"watching" + bytes([0x00]), with_response=True), 120)
-        except asyncio.TimeoutError:
-            report = status_cli()
-            record(False, "m3", "the observer's INIT + LCD_TEXT with response was answered", {
-                "lcd": report.get("lcd"), "failsafe": report["servo"].get("failsafe"), "sessions": ble_sessions(report),
-                "servo": {key: report["servo"].get(key) for key in ("updates", "flushes", "bus_writes", "failed_flushes")}})
-            return
-        ok = await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith("watching"))
-        record(ok, "m3", "the observer sends INIT and LCD_TEXT only -> the LCD shows 'watching'", status_cli()["lcd"]["lines"])
-        # Advertising goes on while one central is connected, or no second phone could join.
-        commanding = await connect(device)
-        if not record(commanding is not None, "m4", "while the observer stays, the commander on hci%s finds the board, connects, "
-                      "subscribes" % HCI, ble_sessions(status_cli())):
-            return
-        c_connection, _, c_char, _, _ = commanding
-        commander = "dev_" + c_connection.self_address.to_string(False).replace(":", "_")
-        await c_char.write_value(bytes([0x01, 0x02, 0x04, 0x01]), with_response=True)
-        await c_char.write_value(bytes([0x03, 0x03, 0x04, 0x01, 0xF4]), with_response=False)  # 500 -> 50 %
-        ok = await wait_for(lambda: abs(channel(status_cli(), 4).get("duty", 0) - 0.5) < 0.001)
-        sessions = ble_sessions(status_cli())
-        record(ok and len(sessions) == 2, "m5", "the commander: enable 01 02 04 01 + PWM_VAL 03 03 04 01 F4 -> channel 4 at 50 %, "
-               "two BLE sessions", (channel(status_cli(), 4), sessions))
-        await disconnect(device, c_connection)
-        ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 1)
-        record(ok, "m6", "the commander disconnects; the observer's session stays", ble_sessions(status_cli()))
-        failsafe = await wait_for(lambda: status_cli()["servo"].get("failsafe"))
-        record(failsafe is not None and failsafe.startswith("central left: ble") and commander in failsafe and "channel 4" in failsafe,
-               "m7", "the commander left while the observer stays connected -> failsafe engaged, naming it (%s) and channel 4 (%s)"
-               % (commander, failsafe), failsafe)
-        ok = await wait_for(lambda: channel(status_cli(), 4).get("duty") == 0)
-        record(ok, "m8", "failsafe: channel 4 at duty 0", channel(status_cli(), 4))
-        await o_char.write_value(bytes([0x03, 0x03, 0x04, 0x00, 0xFA]), with_response=True)  # 250 -> 25 %
-        ended = await wait_for(lambda: status_cli()["servo"].get("failsafe") is None)
-        applied = await wait_for(lambda: abs(channel(status_cli(), 4).get("duty", 0) - 0.25) < 0.001)
-        record(ended and applied, "m9", "the observer's first command (PWM_VAL 4 = 250) ends the failsafe and applies: channel 4 at 25 %",
-               (status_cli()["servo"].get("failsafe"), channel(status_cli(), 4)))
-        record(not any(n.startswith(bytes([0xFF])) for n in o_notifications), "m10", "no ERROR notification to the observer",
-               [n.hex() for n in o_notifications])
+        await ble_scenario.two_centrals(CHECKS, BumbleCentral(device, HCI), BumbleCentral(observer, OBSERVER_HCI))
     finally:
-        await disconnect(observer, o_connection)
         await disconnect(device, spacing)
         await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+
 
 def bluez_on_bus():
     out = subprocess.run(["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
