@@ -742,40 +742,7 @@ public final class BLEPeripheral: @unchecked Sendable {
             guard let connection, let owner = registration.owner else {
                 return completion(.failure(BondFailure(description: "bluetoothd is not reachable (BLE: \(detail))")))
             }
-            connection.call(destination: owner, path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects") { [weak self] result in
-                guard let self else { return }
-                let objects: [String: DBusValue]
-                switch result {
-                case .success(let values): objects = values.first?.dictionaryValue ?? [:]
-                case .failure(let failure): return completion(.failure(BondFailure(description: "bluetoothd: \(failure.message)")))
-                }
-                // Paired: keys exchanged; Bonded (5.72+): and stored.
-                let bonded = objects.compactMap { path, value -> (String, String)? in
-                    guard path.hasPrefix(self.adapterPath + "/dev_"), let device = value.dictionaryValue?["org.bluez.Device1"]?.dictionaryValue,
-                          device["Paired"]?.boolValue == true || device["Bonded"]?.boolValue == true else { return nil }
-                    return (path, device["Address"]?.stringValue?.uppercased() ?? Devices.address(of: path))
-                }.sorted { $0.0 < $1.0 }
-                guard !bonded.isEmpty else { return completion(.success([])) }
-                let outcome = BondRemoval()
-                let remaining = Countdown(bonded.count) {
-                    if outcome.failures.isEmpty { completion(.success(outcome.forgotten.sorted())) } else {
-                        completion(.failure(BondFailure(description: outcome.failures.sorted().joined(separator: "; "))))
-                    }
-                }
-                for (path, address) in bonded {
-                    connection.call(destination: owner, path: self.adapterPath, interface: "org.bluez.Adapter1", method: "RemoveDevice",
-                                    arguments: [.objectPath(path)], timeout: .seconds(5)) { [weak self] result in
-                        switch result {
-                        case .success:
-                            outcome.forgotten.append(address)
-                            self?.logger.notice("BLE: bond with \(address) forgotten")
-                        case .failure(let failure):
-                            outcome.failures.append("\(address): \(failure.message)")
-                        }
-                        remaining.tick()
-                    }
-                }
-            }
+            Bonds.forget(on: connection, owner: owner, adapterPath: adapterPath, logger: logger, completion)
         }
     }
 
@@ -915,27 +882,5 @@ public final class BLEPeripheral: @unchecked Sendable {
         statistics.registrations = registration.registrations
         let snapshot = Status(state: state, centrals: centrals.count, statistics: statistics, passkey: pairing?.passkey)
         statusLock.withLock { published = snapshot }
-    }
-}
-
-/// What ``BLEPeripheral/forgetBonds(_:)`` removed, collected from its replies.
-private final class BondRemoval: @unchecked Sendable {
-    // Loop-confined: appended to by replies on the D-Bus loop only.
-    var forgotten: [String] = []
-    var failures: [String] = []
-}
-
-/// Counts replies down to zero on one loop, then runs `done` once.
-private final class Countdown: @unchecked Sendable {
-    // Loop-confined: ticked only by replies on the D-Bus loop.
-    private var remaining: Int
-    private let done: () -> Void
-    init(_ count: Int, done: @escaping () -> Void) {
-        remaining = count
-        self.done = done
-    }
-    func tick() {
-        remaining -= 1
-        if remaining == 0 { done() }
     }
 }
