@@ -81,6 +81,18 @@ def say(text):
     print("[central %.1fs] %s" % (time.monotonic() - started, text), file=sys.stderr, flush=True)
 
 
+def status():
+    """The daemon's status report, read from its control socket: the report
+    `blecontrol status --json` prints, without a process per poll (starting
+    the CLI costs about a second under TCG, and the phases poll thousands of
+    times). The CLI's own reading is status()."""
+    control = rig.board.ControlSocket(SOCKET)
+    try:
+        return control.status()
+    finally:
+        control.close()
+
+
 def status_cli():
     """The status as the CLI prints it (what an operator sees)."""
     out = subprocess.run([CLI, "status", "--socket", SOCKET, "--json"], capture_output=True, text=True, timeout=20)
@@ -109,7 +121,7 @@ async def wait_for(predicate, interval=0.1, patience=120.0):
 
 
 # The shared scenario's view of this tier (rig.ble_scenario).
-CHECKS = ble_scenario.Checks(record, status_cli, wait_for)
+CHECKS = ble_scenario.Checks(record, status, wait_for)
 
 
 def ad_fields(advertisement):
@@ -162,7 +174,7 @@ async def discovery(device, scans=100):
     times are figures (p50, p99, max, and how many within 2 s), not pass
     marks: this runs under TCG on a shared machine."""
     phase_started = time.monotonic()
-    await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.5, patience=180)
+    await wait_for(lambda: "advertising" in ble_state(status()), 0.5, patience=180)
     entry = await scan(device)
     if not record(entry is not None, "s1", "the board is found by name to learn its address"):
         return
@@ -321,11 +333,11 @@ async def scenario(device):
     ok = result is not None
     if ok:
         await result[2].write_value(rig.board.enable_frame(1) + rig.board.servo_frame(1, 1000), with_response=True)
-        ok = await wait_for(lambda: abs(channel(status_cli(), 1).get("pulse_us", 0) - 2000) < 5)
+        ok = await wait_for(lambda: abs(channel(status(), 1).get("pulse_us", 0) - 2000) < 5)
         await disconnect(device, result[0])
     record(ok, "v14", "advertising resumed: reconnected, two frames in one write -> ch1 2000 us",
-           channel(status_cli(), 1) if result else "not found, or FFE1 missing")
-    await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+           channel(status(), 1) if result else "not found, or FFE1 missing")
+    await wait_for(lambda: len(ble_sessions(status())) == 0)
 
 
 async def two_centrals(device, observer, spacer):
@@ -347,9 +359,9 @@ async def two_centrals(device, observer, spacer):
     # operator does, so this phase starts from a board in no failsafe and
     # its LCD shows the centrals' text, not the failsafe's.
     cleared = subprocess.run([CLI, "failsafe", "clear", "--socket", SOCKET], capture_output=True, text=True, timeout=20)
-    ok = cleared.returncode == 0 and await wait_for(lambda: status_cli()["servo"].get("failsafe") is None)
+    ok = cleared.returncode == 0 and await wait_for(lambda: status()["servo"].get("failsafe") is None)
     if not record(ok, "m0", "the scenario's failsafe ended by the operator (blecontrol failsafe clear)",
-                  (cleared.returncode, cleared.stdout.strip(), cleared.stderr.strip(), status_cli()["servo"].get("failsafe"))):
+                  (cleared.returncode, cleared.stdout.strip(), cleared.stderr.strip(), status()["servo"].get("failsafe"))):
         return
     await spacer.start_advertising(auto_restart=False)
     spacing = await device.connect(spacer.random_address, timeout=20)
@@ -357,7 +369,7 @@ async def two_centrals(device, observer, spacer):
         await ble_scenario.two_centrals(CHECKS, BumbleCentral(device, HCI), BumbleCentral(observer, OBSERVER_HCI))
     finally:
         await disconnect(device, spacing)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+        await wait_for(lambda: len(ble_sessions(status())) == 0)
 
 
 def bluez_on_bus():
@@ -371,8 +383,8 @@ async def restart_bluetoothd(device):
     with open(pidfile) as f:
         pid = int(f.read().strip())
     os.kill(pid, 9)
-    ok = await wait_for(lambda: "advertising" not in ble_state(status_cli()), 0.2)
-    record(ok, "v15", "bluetoothd killed (SIGKILL): the daemon notices", ble_state(status_cli()))
+    ok = await wait_for(lambda: "advertising" not in ble_state(status()), 0.2)
+    record(ok, "v15", "bluetoothd killed (SIGKILL): the daemon notices", ble_state(status()))
     log = open(os.environ["BLUETOOTHD_LOG"], "a")
     process = subprocess.Popen(BLUETOOTHD + ["-n", "-d"], stdout=log, stderr=log)
     with open(pidfile, "w") as f:
@@ -398,13 +410,13 @@ async def restart_bluetoothd(device):
         connection, peer, char, notifications, entry = result
         await char.write_value(bytes([0x01, 0x02, 0x03, 0x01]), with_response=True)
         await char.write_value(bytes([0x02, 0x03, 0x03, 0x00, 0x00]), with_response=False)
-        ok = await wait_for(lambda: abs(channel(status_cli(), 3).get("pulse_us", 0) - 1000) < 5)
+        ok = await wait_for(lambda: abs(channel(status(), 3).get("pulse_us", 0) - 1000) < 5)
         await char.write_value(bytes([0x09, 0x00]), with_response=True)
         ok2 = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
         ok = ok and ok2
         await disconnect(device, connection)
     record(ok, "v18", "after the bluetoothd restart: new connection, write applied (ch3 1000 us), FF 01 09 notified",
-           channel(status_cli(), 3) if result else "not found, or FFE1 missing")
+           channel(status(), 3) if result else "not found, or FFE1 missing")
 
 
 async def start_bluetoothd(args, log_name):
@@ -414,13 +426,13 @@ async def start_bluetoothd(args, log_name):
     with open(pidfile) as f:
         pid = int(f.read().strip())
     os.kill(pid, 15)
-    await wait_for(lambda: "advertising" not in ble_state(status_cli()), 0.2)
+    await wait_for(lambda: "advertising" not in ble_state(status()), 0.2)
     # Each bluetoothd's log of its own (the 5.82 pass repeats the names).
     log = open(daemon_log(log_name.replace(".log", TAG + ".log")), "w")
     process = subprocess.Popen(BLUETOOTHD + ["-n", "-d"] + args, stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))
-    return await wait_for(bluez_on_bus, 0.05) and await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.3)
+    return await wait_for(bluez_on_bus, 0.05) and await wait_for(lambda: "advertising" in ble_state(status()), 0.3)
 
 
 async def switch_bluetoothd(trixie):
@@ -441,7 +453,7 @@ async def switch_bluetoothd(trixie):
         await restart_daemon(None, "daemon-ble-%s.log" % BLUEZ_VERSION)
     ok = await start_bluetoothd(fixed, "bluetoothd-%s.log" % BLUEZ_VERSION)
     record(ok, "z1", "bluetoothd %s (%s) started with the drop-in's arguments; the daemon advertises through it"
-           % (BLUEZ_VERSION, " ".join(BLUETOOTHD)), ble_state(status_cli()))
+           % (BLUEZ_VERSION, " ".join(BLUETOOTHD)), ble_state(status()))
 
 
 def btmon_start(name):
@@ -482,7 +494,7 @@ async def phone(device):
              ("p2", "with the package's drop-in (bluetoothd %s)" % " ".join(fixed), fixed))
     for ident, case, args in cases:
         ok = await start_bluetoothd(args, "bluetoothd-%s.log" % ident)
-        if not record(ok, ident + "a", "bluetoothd %s %s; the daemon advertises again" % (BLUEZ_VERSION, case), ble_state(status_cli())):
+        if not record(ok, ident + "a", "bluetoothd %s %s; the daemon advertises again" % (BLUEZ_VERSION, case), ble_state(status())):
             continue
         p.reset()
         # The board's HCI traffic, as btmon sees it (the excerpt for the note).
@@ -523,7 +535,7 @@ async def phone(device):
             except Exception as error:
                 say("FIGURE without the drop-in: a write with response not answered (%r) while the Security Request goes unanswered" % error)
             await disconnect(device, connection)
-            await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+            await wait_for(lambda: len(ble_sessions(status())) == 0)
             btmon_stop(monitor)
             continue
         # bluetoothd's plugins read the phone's characteristics in handle
@@ -541,7 +553,7 @@ async def phone(device):
         except Exception as failure:
             answered, error = -1, repr(failure)
         took = time.monotonic() - started
-        report = status_cli()
+        report = status()
         servos = [round(channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
         duties = [channel(report, ch).get("duty", 0) for ch in range(4, 8)]
         switches = [s.get("on") for s in report.get("switches", [])]
@@ -556,7 +568,7 @@ async def phone(device):
                "with the package's drop-in: no Battery Level read and no SMP Security Request in the whole session (no pop-up)",
                (p.battery.reads, len(p.security_requests)))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+        await wait_for(lambda: len(ble_sessions(status())) == 0)
     record(len(set(p.addresses)) == len(p.addresses), "p3", "a different private address for each connection", p.addresses)
 
     # The same session from an Android-like phone (its public address, MTU
@@ -585,7 +597,7 @@ async def phone(device):
             error = ""
         except Exception as failure:
             answered, error = -1, repr(failure)
-        report = status_cli()
+        report = status()
         lines = report["lcd"]["lines"]
         servos = [round(channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
         ok = (answered == 10 and all(abs(us - 1600) < 5 for us in servos)
@@ -594,7 +606,7 @@ async def phone(device):
                "%s: the demo app's session at ATT MTU %d, %d writes answered, servos 1600 us, the LCD lines, no Security Request"
                % (what, negotiated, answered), (error, servos, lines, len(p.security_requests)))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+        await wait_for(lambda: len(ble_sessions(status())) == 0)
 
 
 
@@ -623,7 +635,7 @@ async def restart_daemon(board, log_name):
     process = subprocess.Popen(args, stdout=log, stderr=log)
     with open(pidfile, "w") as f:
         f.write(str(process.pid))
-    return await wait_for(lambda: "advertising" in ble_state(status_cli()), 0.3)
+    return await wait_for(lambda: "advertising" in ble_state(status()), 0.3)
 
 
 async def acquire(device):
@@ -632,7 +644,7 @@ async def acquire(device):
     sends every later write to FFE1 through it."""
     board = os.environ.get("BOARD_ACQUIRE")
     ok = await restart_daemon(board, "daemon-ble-acquire.log")
-    if not record(ok, "v20", "daemon restarted with ble.acquire_write: true, advertising", ble_state(status_cli())):
+    if not record(ok, "v20", "daemon restarted with ble.acquire_write: true, advertising", ble_state(status())):
         return
     result = await connect(device)
     if not record(result is not None, "v21", "connected to the AcquireWrite daemon, FFE1 subscribed"):
@@ -648,10 +660,10 @@ async def acquire(device):
     # the board has dealt with it (decoded, refused, or dropped as partial).
     def handled(counters):
         return counters["frames"] + counters["errors"] + counters["discarded_partials"]
-    before = status_cli()["counters"]
+    before = status()["counters"]
     await char.write_value(bytes([0x00, 0x00]), with_response=True)
     def counters_once_handled():
-        counters = status_cli()["counters"]
+        counters = status()["counters"]
         return counters if handled(counters) > handled(before) else None
     after = await wait_for(counters_once_handled)
     if after is None:
@@ -664,23 +676,23 @@ async def acquire(device):
     notifications.clear()
     await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
     await char.write_value(bytes([0x02, 0x03, 0x00, 0x00, 0xC8]), with_response=False)  # ch0 200 -> 1200 us
-    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 1200) < 5)
+    ok = await wait_for(lambda: abs(channel(status(), 0).get("pulse_us", 0) - 1200) < 5)
     text = open(daemon_log("daemon-ble-acquire.log"), errors="replace").read()
-    report = status_cli()
+    report = status()
     record(ok and "AcquireWrite from" in text, "v22",
            "write command -> bluetoothd called AcquireWrite (daemon log) and the frame came through the socket -> ch0 1200 us",
            (channel(report, 0), ble_sessions(report), [l for l in text.splitlines() if "Acquire" in l][:2]))
     # A frame split over two write commands, through the socket.
     await char.write_value(bytes([0x02, 0x03, 0x00]), with_response=False)
     await char.write_value(bytes([0x03, 0xE8]), with_response=False)
-    ok = await wait_for(lambda: abs(channel(status_cli(), 0).get("pulse_us", 0) - 2000) < 5)
-    record(ok, "v23", "SERVO_VAL split over two write commands reassembled -> ch0 2000 us", channel(status_cli(), 0))
+    ok = await wait_for(lambda: abs(channel(status(), 0).get("pulse_us", 0) - 2000) < 5)
+    record(ok, "v23", "SERVO_VAL split over two write commands reassembled -> ch0 2000 us", channel(status(), 0))
     await char.write_value(bytes([0x09, 0x00]), with_response=False)
     ok = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
     record(ok, "v24", "unknown command 09 00 through the acquired socket -> notification FF 01 09", [n.hex() for n in notifications])
     await disconnect(device, connection)
-    ok = await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
-    record(ok, "v25", "disconnect (acquired socket closed) -> session ended", ble_sessions(status_cli()))
+    ok = await wait_for(lambda: len(ble_sessions(status())) == 0)
+    record(ok, "v25", "disconnect (acquired socket closed) -> session ended", ble_sessions(status()))
 
 
 async def acknowledgements(device):
@@ -700,7 +712,7 @@ async def acknowledgements(device):
     for board, case, early, ident in ((os.environ.get("BOARD_SLOW"), "FFE1 with write-without-response (default)", True, "v26"),
                                       (os.environ.get("BOARD_SLOW_STRICT"), "ble.acknowledged_writes: true", False, "v28")):
         if not record(bool(board) and await restart_daemon(board, "daemon-ble-ack-%s.log" % ident), ident,
-                      "daemon restarted on a slow emulated bus (%s), advertising" % case, ble_state(status_cli())):
+                      "daemon restarted on a slow emulated bus (%s), advertising" % case, ble_state(status())):
             continue
         result = await connect(device)
         if not record(result is not None, ident + "a", "connected (%s)" % case):
@@ -726,10 +738,10 @@ async def acknowledgements(device):
                    "shown at acknowledgement" if shown else "")
         else:
             record(shown, ident + "c", "bluetoothd acknowledged the write request only once applied (%.0f ms; the text was on the LCD)" % (acked * 1000),
-                   status_cli()["lcd"]["lines"])
-        await wait_for(lambda: status_cli()["lcd"]["lines"][0].startswith(text.decode()))
+                   status()["lcd"]["lines"])
+        await wait_for(lambda: status()["lcd"]["lines"][0].startswith(text.decode()))
         await disconnect(device, connection)
-        await wait_for(lambda: len(ble_sessions(status_cli())) == 0)
+        await wait_for(lambda: len(ble_sessions(status())) == 0)
 
 
 async def open_central(stack, hci, name, address):
@@ -756,7 +768,7 @@ async def main():
         # against a hang: on a busy machine the daemon may wait that long for
         # bluetoothd to list hci0).
         await wait_for(lambda: os.path.exists(os.environ.get("DAEMON_PIDFILE", "/")) and os.path.exists(os.environ.get("BLUETOOTHD_PIDFILE", "/"))
-                       and "advertising" in ble_state(status_cli()), 0.5, patience=180)
+                       and "advertising" in ble_state(status()), 0.5, patience=180)
         for phase in phases:
             say("phase " + phase)
             try:

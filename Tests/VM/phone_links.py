@@ -6,7 +6,7 @@ a daemon restart, a bluetoothd restart and board reloads, the board's GATT
 handles cached by the phone, `ble.allow` by the phone's identity address,
 a wrong passkey, and `blecontrol forget-bonds`.
 
-Run by ble_central.py (`central` is that module: record, status_cli,
+Run by ble_central.py (`central` is that module: record, status,
 connect, ...), on the same Bumble device and the same iPhone-like GATT
 server (phone.py) as the `phone` phase.
 
@@ -36,7 +36,7 @@ def enable_frames():
 
 
 def pulse(central, number):
-    return round(central.channel(central.status_cli(), number).get("pulse_us", 0))
+    return round(central.channel(central.status(), number).get("pulse_us", 0))
 
 
 def near(us, target):
@@ -69,8 +69,8 @@ async def link_loss(device, central, phone):
     streamed = await central.wait_for(lambda: near(pulse(central, 3), 1490))
     central.record(streamed, "l2", "streaming SERVO_VAL at 15 ms: the last value applied (ch3 1490 us)", pulse(central, 3))
     await device.disconnect(connection, CONNECTION_TIMEOUT)
-    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status_cli()), 0.2)
-    report = report or central.status_cli()
+    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status()), 0.2)
+    report = report or central.status()
     failsafe = report["servo"].get("failsafe")
     switches = [s.get("on") for s in report.get("switches", [])]
     duty = central.channel(report, 4).get("duty", 0)
@@ -84,15 +84,15 @@ async def link_loss(device, central, phone):
     if not central.record(result is not None, "l4", "the phone returns from a new private address (%s), FFE1 found" % returning):
         return
     connection, peer, char, notifications, entry = result
-    still = central.status_cli()["servo"].get("failsafe")
+    still = central.status()["servo"].get("failsafe")
     central.record(still is not None, "l5", "connected again but no frame yet: the failsafe still holds", still)
     await char.write_value(servo_frame(3, 200), with_response=False)
     await char.write_value(enable_frames(), with_response=True)
-    cleared = await central.wait_for(lambda: central.status_cli()["servo"].get("failsafe") is None and near(pulse(central, 3), 1200))
+    cleared = await central.wait_for(lambda: central.status()["servo"].get("failsafe") is None and near(pulse(central, 3), 1200))
     central.record(cleared, "l6", "the returning phone's first frames clear the failsafe (ch3 1200 us)",
-                   (central.status_cli()["servo"].get("failsafe"), pulse(central, 3)))
+                   (central.status()["servo"].get("failsafe"), pulse(central, 3)))
     await central.disconnect(device, connection)
-    await central.wait_for(lambda: len(central.ble_sessions(central.status_cli())) == 0)
+    await central.wait_for(lambda: len(central.ble_sessions(central.status())) == 0)
 
 
 class Keyboard(PairingDelegate):
@@ -107,7 +107,7 @@ class Keyboard(PairingDelegate):
 
     async def get_number(self):
         def shown():
-            report = self.central.status_cli()
+            report = self.central.status()
             for line in report["lcd"]["lines"]:
                 if line.startswith("PIN "):
                     return line[4:10], report
@@ -140,11 +140,11 @@ async def reload_board(central, path, **ble):
     after the reload is counted, so only the new name proves the new
     settings are on the air)."""
     board_with(os.environ["BOARD_BASE"], path, **ble)
-    before = central.status_cli()["configuration"]["reloads"]
+    before = central.status()["configuration"]["reloads"]
     os.kill(int(open(os.environ["DAEMON_PIDFILE"]).read().strip()), 1)
 
     def done():
-        report = central.status_cli()
+        report = central.status()
         return (report["configuration"]["reloads"] > before and (report["configuration"].get("last_reload") or "").startswith("applied")
                 and ("advertising as %s " % ble["name"]) in central.ble_state(report))
     return await central.wait_for(done, 0.3)
@@ -211,7 +211,7 @@ async def pairing_steps(device, central, phone):
     device.irk = os.urandom(16)
     ok = await central.restart_daemon(board, "daemon-ble-pair.log")
     if not central.record(ok, "q1", "daemon restarted with ble.security: authenticated, ble.allow: [%s] (the phone's identity), advertising" % identity,
-                          central.ble_state(central.status_cli())):
+                          central.ble_state(central.status())):
         return
 
     # An unbonded phone: refused, nothing moves. ch0 first set through the
@@ -249,9 +249,9 @@ async def pairing_steps(device, central, phone):
                    "a wrong passkey (the LCD showed %s, the phone typed another): pairing fails (%r)"
                    % (keyboard.shown[0] if keyboard.shown else "nothing", failed))
     await central.disconnect(device, connection)
-    cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"])
-                                     and not central.ble_sessions(central.status_cli()))
-    central.record(cleared, "q5", "after the failed pairing the passkey is off the LCD", central.status_cli()["lcd"]["lines"])
+    cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status()["lcd"]["lines"])
+                                     and not central.ble_sessions(central.status()))
+    central.record(cleared, "q5", "after the failed pairing the passkey is off the LCD", central.status()["lcd"]["lines"])
 
     # The same phone seen unbonded from its identity address just before it
     # pairs (an Android phone's public address; any phone that used the
@@ -264,7 +264,7 @@ async def pairing_steps(device, central, phone):
     central.record(result is not None, "q5b", "the phone connects unbonded from its identity address %s, then leaves" % identity)
     if result is not None:
         await central.disconnect(device, result[0])
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
+    await central.wait_for(lambda: not central.ble_sessions(central.status()))
 
     # The right passkey: bonded, writes accepted.
     await phone.rotate_address()
@@ -287,22 +287,22 @@ async def pairing_steps(device, central, phone):
                    "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (also in status: '%s'); "
                    "bonded in %.2f s" % (central.ble_state(shown), took), repr(error))
     central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
-    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status_cli())))
-    central.record(state is not None and not any(l.startswith("PIN ") for l in central.status_cli()["lcd"]["lines"]), "q8",
-                   "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status_cli()))
+    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status())))
+    central.record(state is not None and not any(l.startswith("PIN ") for l in central.status()["lcd"]["lines"]), "q8",
+                   "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status()))
     try:
         answered = await phone_session(char)
         error = None
     except Exception as failure:
         answered, error = -1, failure
-    report = central.status_cli()
+    report = central.status()
     servos = [round(central.channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
     central.record(answered == 10 and all(abs(us - 1600) < 5 for us in servos), "q9",
                    "bonded and encrypted, from a private address, allowed by its identity address: the demo app's session applied "
                    "(%d writes answered, servos %s)" % (answered, servos), repr(error))
     hash_before = await database_hash(connection)
     await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
+    await central.wait_for(lambda: not central.ble_sessions(central.status()))
 
     # The bond and the cached handle across a new address, a daemon restart,
     # a bluetoothd restart and board reloads.
@@ -325,7 +325,7 @@ async def pairing_steps(device, central, phone):
             ok = await reload_board(central, board, **ble)
         else:
             ok = True
-        if not central.record(ok, ident + "a", "after %s the daemon advertises" % what, central.ble_state(central.status_cli())):
+        if not central.record(ok, ident + "a", "after %s the daemon advertises" % what, central.ble_state(central.status())):
             continue
         value += 50
         connection, why = await reconnect_bonded(device, central, phone, handle, value, name)
@@ -337,12 +337,12 @@ async def pairing_steps(device, central, phone):
                        (why, pulse(central, 0), hash_before, hash_now))
         if connection:
             await central.disconnect(device, connection)
-        await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
+        await central.wait_for(lambda: not central.ble_sessions(central.status()))
 
     # ble.allow: the same bonded phone, not on the list, is refused.
     ok = await reload_board(central, board, name="BLEControl-R3", security="authenticated", allow="[00:11:22:33:44:55]")
     connection, why = await reconnect_bonded(device, central, phone, handle, 777, "BLEControl-R3")
-    state = central.ble_state(central.status_cli())
+    state = central.ble_state(central.status())
     # With the HM-10 layout (FFE1 also write-without-response) bluetoothd
     # answers a write request before the daemon has (see the "ack" phase),
     # so the phone is not told: the refusal shows in status, and nothing moves.
@@ -351,7 +351,7 @@ async def pairing_steps(device, central, phone):
                    (why, pulse(central, 0), state))
     if connection:
         await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
+    await central.wait_for(lambda: not central.ble_sessions(central.status()))
     await reload_board(central, board, name="BLEControl-R4", security="authenticated", allow="[%s]" % identity)
 
     # forget-bonds: the board drops the keys; the phone's old key no longer
@@ -364,7 +364,7 @@ async def pairing_steps(device, central, phone):
                    "after forget-bonds the phone's stored key is refused (%s) and nothing moves" % why, pulse(central, 0))
     if connection:
         await central.disconnect(device, connection)
-    await central.wait_for(lambda: not central.ble_sessions(central.status_cli()))
+    await central.wait_for(lambda: not central.ble_sessions(central.status()))
     out = central.subprocess.run([central.CLI, "forget-bonds", "--socket", central.SOCKET], capture_output=True, text=True, timeout=30)
     central.record(out.returncode == 0 and "no bonds" in out.stdout, "q18", "forget-bonds again: nothing left to forget", out.stdout + out.stderr)
 
