@@ -23,7 +23,7 @@ func benchmarkChatter(binary: String, seconds: Double) throws {
     // The board as a user has it: status_interval_ms at its default (the
     // test rig's section asks for 100).
     let section = broker.mqttSection().split(separator: "\n", omittingEmptySubsequences: false).filter { !$0.contains("status_interval_ms") }.joined(separator: "\n")
-    let board = EmbeddedBoards.simulator.replacingOccurrences(of: "transports:\n", with: "transports:\n" + section)
+    let board = EmbeddedBoards.simulator.board(replacing: "transports:\n", with: "transports:\n" + section)
     let daemon = try DaemonProcess(binary: binary, boardText: board, logLevel: "error")
     defer { daemon.stop() }
     let heard = try MosquittoSubscriber(broker, topics: ["blecontrol/#", "homeassistant/#"])

@@ -421,6 +421,6 @@ func benchmarkDaemon(binary: String, baseline: String?) throws {
 enum EmbeddedBoardsText {
     static func withConnectionCap(_ cap: Int) -> String? {
         guard let text = try? String(contentsOfFile: FileManager.default.currentDirectoryPath + "/board/simulator.yaml", encoding: .utf8) else { return nil }
-        return text.replacingOccurrences(of: "    listen: 127.0.0.1:7171", with: "    listen: 127.0.0.1:7171\n    max_connections: \(cap)")
+        return text.board(replacing: "    listen: 127.0.0.1:7171", with: "    listen: 127.0.0.1:7171\n    max_connections: \(cap)")
     }
 }

@@ -106,8 +106,8 @@ private func floodRun(_ name: String, daemon: DaemonProcess, flood: () throws ->
 /// transports.
 private func floodBoard(_ name: String, transports extra: String = "") -> String {
     EmbeddedBoards.simulator
-        .replacingOccurrences(of: "name: simulator", with: "name: \(name)")
-        .replacingOccurrences(of: "transports:\n", with: "transports:\n" + extra)
+        .board(replacing: "name: simulator", with: "name: \(name)")
+        .board(replacing: "transports:\n", with: "transports:\n" + extra)
 }
 
 func benchmarkFlood(binary: String, megabytes: Int) throws {

@@ -18,9 +18,9 @@ func benchmarkMQTT(samples: Int = 500) throws {
     let broker = try MosquittoBroker()
     // Flush pacing off, as in the TCP latency section: the transports' own cost.
     let yaml = EmbeddedBoards.simulator
-        .replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: 0")
-        .replacingOccurrences(of: "name: simulator", with: "name: bench-mqtt")
-        .replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection())
+        .board(replacing: "max_flushes_per_period: 4", with: "max_flushes_per_period: 0")
+        .board(replacing: "name: simulator", with: "name: bench-mqtt")
+        .board(replacing: "transports:\n", with: "transports:\n" + broker.mqttSection())
     let runtime = try startBoard(yaml: yaml)
     defer { runtime.stop() }
     guard spin(until: .now + .seconds(20), { (try? runtime.status().transports.mqtt)?.hasPrefix("connected") == true }) else {

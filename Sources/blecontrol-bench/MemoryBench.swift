@@ -32,8 +32,8 @@ private func megabytes(_ kilobytes: Int?) -> String {
 /// has it (priority 50), memory locked or not.
 private func realtimeBoard(lockMemory: Bool) -> String {
     EmbeddedBoards.simulator
-        .replacingOccurrences(of: "  priority: 0", with: "  priority: 50")
-        .replacingOccurrences(of: "  lock_memory: false", with: "  lock_memory: \(lockMemory)")
+        .board(replacing: "  priority: 0", with: "  priority: 50")
+        .board(replacing: "  lock_memory: false", with: "  lock_memory: \(lockMemory)")
 }
 
 /// A central streaming SERVO_VAL at 500 frames/s over 8 channels, paced on
@@ -214,8 +214,8 @@ func benchmarkIdle(binary: String, seconds window: Double) throws {
     for (label, mqtt, watchdog) in cases {
         var board = EmbeddedBoards.simulator
         if mqtt, let broker {
-            board = board.replacingOccurrences(of: "transports:\n", with: "transports:\n" + broker.mqttSection(keepalive: 15)
-                .replacingOccurrences(of: "    status_interval_ms: 100\n", with: ""))
+            board = board.board(replacing: "transports:\n", with: "transports:\n" + broker.mqttSection(keepalive: 15)
+                .board(replacing: "    status_interval_ms: 100\n", with: ""))
         }
         var notify: NotifySocket?
         let daemon = try DaemonProcess(binary: binary, boardText: board, logLevel: "warning", environment: watchdog ? { directory in

@@ -34,16 +34,16 @@ private func motionRun(ramped: Bool, realtime: Bool, busy: Bool, cores: Int, per
     throws -> (periods: Int, missed: Int, p50: Int, p99: Int, max: Int, scheduling: String) {
     var yaml = EmbeddedBoards.simulator
     for channel in 4...7 {
-        yaml = yaml.replacingOccurrences(of: "- { channel: \(channel), output: \(channel), role: pwm }",
+        yaml = yaml.board(replacing: "- { channel: \(channel), output: \(channel), role: pwm }",
                                          with: "- { channel: \(channel), output: \(channel), role: servo, min_us: 1000, max_us: 2000 }")
     }
     if ramped {
         for channel in 0...7 {
-            yaml = yaml.replacingOccurrences(of: "- { channel: \(channel), output: \(channel), role: servo, min_us: 1000, max_us: 2000",
+            yaml = yaml.board(replacing: "- { channel: \(channel), output: \(channel), role: servo, min_us: 1000, max_us: 2000",
                                              with: "- { channel: \(channel), output: \(channel), role: servo, min_us: 1000, max_us: 2000, speed_us_per_s: 1000")
         }
     }
-    if realtime { yaml = yaml.replacingOccurrences(of: "  priority: 0", with: "  priority: 50") }
+    if realtime { yaml = yaml.board(replacing: "  priority: 0", with: "  priority: 50") }
     let runtime = try startBoard(yaml: yaml)
     defer { runtime.stop() }
     let central = try LoopbackTCPClient(port: runtime.tcpPort!)

@@ -48,7 +48,7 @@ func slopePerHour(_ times: [Double], _ values: [Double]) -> Double {
 func soakDaemon(binary: String, seconds: Double, speed: Double = 1) throws -> Bool {
     let reloadEvery = 20 / speed, reconnectEvery = 15 / speed
     let board = EmbeddedBoards.simulator
-    let variants = [board, board.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: 5")]
+    let variants = [board, board.board(replacing: "max_flushes_per_period: 4", with: "max_flushes_per_period: 5")]
     let daemon = try DaemonProcess(binary: binary, boardText: board, logLevel: "info")
     let boardPath = daemon.directory + "/board.yaml"
     print("soak: \(binary), pid \(daemon.pid), \(Int(seconds)) s: a central at \(Int(20 * speed)) writes/s (the demo app's sliders\(speed == 1 ? "" : String(format: " at %g times their pace", speed))), reconnecting every \(String(format: "%g", reconnectEvery)) s; the board file replaced and reloaded every \(String(format: "%g", reloadEvery)) s")

@@ -82,7 +82,7 @@ func benchmarkDecoder() {
 /// Builds the simulator board in-process with an ephemeral TCP port and a
 /// private control socket.
 func startSimulator(flushBudget: Int = 4) throws -> BoardRuntime {
-    try startBoard(yaml: EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)"))
+    try startBoard(yaml: EmbeddedBoards.simulator.board(replacing: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)"))
 }
 
 /// Builds the board `yaml` describes in-process, likewise.
@@ -224,7 +224,7 @@ func benchmarkTwoChips() throws {
     let servo = EmbeddedBoards.simulator.range(of: "servo:\n")!.lowerBound
     let end = EmbeddedBoards.simulator.range(of: "\nswitches:")!.lowerBound
     // Its own name: its own instance lock beside the simulator's.
-    let yaml = String(EmbeddedBoards.simulator[..<servo]).replacingOccurrences(of: "name: simulator", with: "name: bench-two-chips")
+    let yaml = String(EmbeddedBoards.simulator[..<servo]).board(replacing: "name: simulator", with: "name: bench-two-chips")
         + "servo:\n  chips:\n    - { bus: main, address: 0x40 }\n    - { bus: main, address: 0x41 }\n  max_flushes_per_period: 0\n  channels:\n" + channels
         + String(EmbeddedBoards.simulator[end...])
     let runtime = try startBoard(yaml: yaml)
@@ -275,9 +275,9 @@ func benchmarkSerial() throws {
             pty.close()
         }
         let yaml = EmbeddedBoards.simulator
-            .replacingOccurrences(of: "name: simulator", with: "name: bench-serial-\(baud)")
-            .replacingOccurrences(of: "byte_time_us: 90 ", with: "byte_time_us: 0 ")
-            .replacingOccurrences(of: "transports:\n", with: "transports:\n  serial: { device: \(pty.slavePath), baud: \(baud) }\n")
+            .board(replacing: "name: simulator", with: "name: bench-serial-\(baud)")
+            .board(replacing: "byte_time_us: 90 ", with: "byte_time_us: 0 ")
+            .board(replacing: "transports:\n", with: "transports:\n  serial: { device: \(pty.slavePath), baud: \(baud) }\n")
         let runtime = try startBoard(yaml: yaml)
         defer { runtime.stop() }
         _ = spin(until: .now + .seconds(10)) { (try? runtime.status().transports.serial)?.contains("no central") == true }
@@ -349,8 +349,8 @@ func measureAllocations(channels: [ChannelConfiguration], label: String) {
 /// One run of the 500 frames/s servo workload through TCP, optionally with
 /// a second central rewriting the LCD as fast as it can.
 func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration: Double) throws -> (p50: Int, p99: Int, max: Int, frames: Int, busWrites: Int, flushes: Int, chunksWaited: Int, busWait: Int, elapsed: Double, scheduling: String) {
-    var yaml = EmbeddedBoards.simulator.replacingOccurrences(of: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
-    if realtime { yaml = yaml.replacingOccurrences(of: "  priority: 0", with: "  priority: 50") }
+    var yaml = EmbeddedBoards.simulator.board(replacing: "max_flushes_per_period: 4", with: "max_flushes_per_period: \(flushBudget)")
+    if realtime { yaml = yaml.board(replacing: "  priority: 0", with: "  priority: 50") }
     let runtime = try startBoard(yaml: yaml)
     defer { runtime.stop() }
     let port = runtime.tcpPort!
