@@ -199,7 +199,7 @@ async def discovery(device, scans=100):
     missed = len(times) - len(seen)
 
     def ms(q):
-        return seen[min(len(seen) - 1, max(0, int(round(q * len(seen) + 0.5)) - 1))] * 1000 if seen else float("nan")
+        return rig.board.percentile(seen, q) * 1000
     figure = ("scan start -> first report from the board over %d scans: p50 %.0f ms, p99 %.0f ms, max %.0f ms; "
               "%d within 2 s; %d missed" % (len(times), ms(0.5), ms(0.99), seen[-1] * 1000 if seen else float("nan"),
                                             sum(1 for t in seen if t <= 2.0), missed))
