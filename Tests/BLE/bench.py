@@ -24,7 +24,7 @@ from pathlib import Path
 from bleak import BleakClient, BleakScanner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
-from rig.board import ControlSocket, percentile  # noqa: E402 - scripts/lib: the rigs' one board client
+from rig.board import ControlSocket, enable_frame, percentile, servo_frame  # noqa: E402 - scripts/lib: the rigs' one board client
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -58,7 +58,7 @@ async def main(name, control_path, label):
     t_connect = time.monotonic()
     async with BleakClient(device, bluez={"adapter": ADAPTER}) as client:
         connected = time.monotonic() - t_connect
-        await client.write_gatt_char(CHAR, bytes([0x01, 0x02, CHANNEL, 0x01]), response=True)
+        await client.write_gatt_char(CHAR, enable_frame(CHANNEL), response=True)
         trips = []
         for _ in range(100):
             t0 = time.monotonic()
@@ -71,7 +71,7 @@ async def main(name, control_path, label):
                 value = 100 + (i % 2) * 500 + i % 100
                 target = 1000 + value
                 t0 = time.monotonic()
-                await client.write_gatt_char(CHAR, bytes([0x02, 0x03, CHANNEL, value >> 8, value & 0xFF]), response=response)
+                await client.write_gatt_char(CHAR, servo_frame(CHANNEL, value), response=response)
                 deadline = t0 + 5
                 while time.monotonic() < deadline:
                     pulses = poll()["pulses_us"]

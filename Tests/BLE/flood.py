@@ -47,6 +47,7 @@ import time
 # The BLE tier's one control-socket client and percentile (cli_central.py reads
 # BLECONTROL_BIN, which Tests/BLE/run exports).
 from cli_central import Control, percentile
+from rig.board import enable_frame, init_frame, servo_frame  # scripts/lib, on the path cli_central set
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -90,7 +91,7 @@ def reset_peak(pid):
 
 def marker(value):
     """ANALOG_OUT_EN 1 + SERVO_VAL 1 = value: 1000 + value µs on channel 1."""
-    return bytes([0x01, 0x02, 0x01, 0x01, 0x02, 0x03, 0x01, value >> 8, value & 0xFF])
+    return enable_frame(1) + servo_frame(1, value)
 
 
 async def find(adapter, timeout=120.0):
@@ -136,7 +137,7 @@ def probe_tcp(port):
     central = socket.create_connection(("127.0.0.1", port))
     central.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # INIT first: a connection whose first bytes are no frame is closed.
-    central.sendall(bytes([0x00, 0x00]))
+    central.sendall(init_frame())
     print("ready", flush=True)
     while True:
         start = time.monotonic()

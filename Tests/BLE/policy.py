@@ -8,9 +8,13 @@ Usage: policy.py UID          calls it (as whoever runs this); prints the
 """
 import asyncio
 import sys
+from pathlib import Path
 
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+from rig.board import enable_frame  # noqa: E402 - scripts/lib: the rigs' frames
 
 CHARACTERISTIC = "/org/blecontrol/gatt/service0/char0"
 
@@ -36,7 +40,7 @@ async def main(uid, name_only):
         return
     reply = await bus.call(Message(destination=daemon, path=CHARACTERISTIC, interface="org.bluez.GattCharacteristic1",
                                    member="WriteValue", signature="aya{sv}",
-                                   body=[bytes([0x01, 0x02, 0x00, 0x01]),
+                                   body=[enable_frame(0),
                                          {"device": Variant("o", "/org/bluez/hci0/dev_00_00_00_02_00_01")}]))
     print(reply.error_name if reply.message_type == MessageType.ERROR else "accepted")
     bus.disconnect()

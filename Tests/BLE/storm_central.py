@@ -9,15 +9,19 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
+from rig.board import enable_frame, init_frame, servo_frame  # noqa: E402 - scripts/lib: the rigs' frames
 
 
 def main(port: int, stop: str) -> int:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(bytes([0x00, 0x00, 0x01, 0x02, 0x00, 0x01]))  # INIT, enable channel 0
+    sock.sendall(init_frame() + enable_frame(0))
     sent, value = 0, 300
     while not os.path.exists(stop):
         try:
-            sock.sendall(bytes([0x02, 0x03, 0x00, value >> 8, value & 0xFF]))
+            sock.sendall(servo_frame(0, value))
         except OSError as error:
             print("connection broke after %d frames: %s" % (sent, error))
             return 1

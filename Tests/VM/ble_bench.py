@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
-from rig.board import percentile, servo_frame  # noqa: E402
+from rig.board import enable_frame, percentile, servo_frame  # noqa: E402
 
 N_BURST = int(os.environ.get("BLECONTROL_BLE_BENCH_FRAMES", "300"))
 N_REQUEST = int(os.environ.get("BLECONTROL_BLE_BENCH_REQUESTS", "60"))
@@ -161,7 +161,7 @@ async def run_phone(device, central):
             connection, peer, char, notifications, entry = result
             try:
                 negotiated = await peer.request_mtu(mtu) if mtu > 23 else 23
-                await char.write_value(bytes([0x01, 0x02, BENCH_CHANNEL, 0x01]), with_response=True)
+                await char.write_value(enable_frame(BENCH_CHANNEL), with_response=True)
                 for kind, with_response in (("write cmd", False), ("write req", True)):
                     rows.append(await latency(char, control, "iPhone-like central, MTU %d, %s" % (negotiated, kind), with_response))
             finally:
@@ -183,7 +183,7 @@ async def run(device, central, phase="bench-writevalue", control_path=None, name
     control = central.ControlSocket(control_path) if control_path else central.ControlSocket()
     rows = []
     try:
-        await char.write_value(bytes([0x01, 0x02, BENCH_CHANNEL, 0x01]), with_response=True)
+        await char.write_value(enable_frame(BENCH_CHANNEL), with_response=True)
         if is_peer:
             label_wo = "bluez-peripheral (Python), write cmd, WriteValue"
             label_w = "bluez-peripheral (Python), write req, WriteValue"

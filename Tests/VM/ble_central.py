@@ -407,8 +407,8 @@ async def restart_bluetoothd(device):
     ok = result is not None
     if ok:
         connection, peer, char, notifications, entry = result
-        await char.write_value(bytes([0x01, 0x02, 0x03, 0x01]), with_response=True)
-        await char.write_value(bytes([0x02, 0x03, 0x03, 0x00, 0x00]), with_response=False)
+        await char.write_value(rig.board.enable_frame(3), with_response=True)
+        await char.write_value(rig.board.servo_frame(3, 0), with_response=False)
         ok = await wait_for(lambda: abs(channel(status(), 3).get("pulse_us", 0) - 1000) < 5)
         await char.write_value(bytes([0x09, 0x00]), with_response=True)
         ok2 = await wait_for(lambda: bytes([0xFF, 0x01, 0x09]) in notifications)
@@ -528,7 +528,7 @@ async def phone(device):
             # a check): its writes with response.
             started = time.monotonic()
             try:
-                await asyncio.wait_for(char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True), 10)
+                await asyncio.wait_for(char.write_value(rig.board.enable_frame(0), with_response=True), 10)
                 say("FIGURE without the drop-in: a write with response answered %.0f ms after the Security Request went unanswered"
                     % ((time.monotonic() - started) * 1000))
             except Exception as error:
@@ -660,7 +660,7 @@ async def acquire(device):
     def handled(counters):
         return counters["frames"] + counters["errors"] + counters["discarded_partials"]
     before = status()["counters"]
-    await char.write_value(bytes([0x00, 0x00]), with_response=True)
+    await char.write_value(rig.board.init_frame(), with_response=True)
     def counters_once_handled():
         counters = status()["counters"]
         return counters if handled(counters) > handled(before) else None
@@ -673,8 +673,8 @@ async def acquire(device):
         outcome = "replaced by other bytes (counters before %s, after %s)" % (before, after)
     say("FIGURE the write that made bluetoothd acquire the socket (INIT 00 00): " + outcome)
     notifications.clear()
-    await char.write_value(bytes([0x01, 0x02, 0x00, 0x01]), with_response=True)
-    await char.write_value(bytes([0x02, 0x03, 0x00, 0x00, 0xC8]), with_response=False)  # ch0 200 -> 1200 us
+    await char.write_value(rig.board.enable_frame(0), with_response=True)
+    await char.write_value(rig.board.servo_frame(0, 200), with_response=False)  # ch0 200 -> 1200 us
     ok = await wait_for(lambda: abs(channel(status(), 0).get("pulse_us", 0) - 1200) < 5)
     text = open(daemon_log("daemon-ble-acquire.log"), errors="replace").read()
     report = status()
@@ -682,8 +682,9 @@ async def acquire(device):
            "write command -> bluetoothd called AcquireWrite (daemon log) and the frame came through the socket -> ch0 1200 us",
            (channel(report, 0), ble_sessions(report), [l for l in text.splitlines() if "Acquire" in l][:2]))
     # A frame split over two write commands, through the socket.
-    await char.write_value(bytes([0x02, 0x03, 0x00]), with_response=False)
-    await char.write_value(bytes([0x03, 0xE8]), with_response=False)
+    split = rig.board.servo_frame(0, 1000)  # ch0 1000 -> 2000 us
+    await char.write_value(split[:3], with_response=False)
+    await char.write_value(split[3:], with_response=False)
     ok = await wait_for(lambda: abs(channel(status(), 0).get("pulse_us", 0) - 2000) < 5)
     record(ok, "v23", "SERVO_VAL split over two write commands reassembled -> ch0 2000 us", channel(status(), 0))
     await char.write_value(bytes([0x09, 0x00]), with_response=False)
@@ -728,7 +729,7 @@ async def acknowledgements(device):
         control = ControlSocket()
         control.status()
         started = time.monotonic()
-        await char.write_value(bytes([0x04, len(text) + 2, 0x00]) + text + bytes([0x00]), with_response=True)
+        await char.write_value(rig.board.lcd_text_frame(0, text), with_response=True)
         acked = time.monotonic() - started
         shown = control.status()["lcd"]["lines"][0].startswith(text.decode())
         control.sock.close()

@@ -26,6 +26,8 @@ Level read would already have arrived too.
 import asyncio
 import time
 
+from rig.board import enable_frame, lcd_text_frame, pwm_frame, servo_frame, switch_frame  # scripts/lib, on the path ble_central.py set
+
 from bumble import hci
 from bumble.core import UUID
 from bumble.gatt import (
@@ -135,18 +137,18 @@ class IPhone:
 def demo_session(label=b"central"):
     frames = []
     for ch in range(8):
-        frames.append((bytes([0x01, 0x02, ch, 0x01]), True))
+        frames.append((enable_frame(ch), True))
     for step in (0, 250, 500, 750, 1000, 600):
         for ch in range(4):
-            frames.append((bytes([0x02, 0x03, ch]) + step.to_bytes(2, "big"), False))
+            frames.append((servo_frame(ch, step), False))
     for step in (0, 500, 1000, -500):
         value = step & 0xFFFF  # the app's Int16, two's complement
         for ch in range(4, 8):
-            frames.append((bytes([0x03, 0x03, ch]) + value.to_bytes(2, "big"), False))
+            frames.append((pwm_frame(ch, value), False))
     for sw in range(4):
-        frames.append((bytes([0x06, 0x02, sw, 0x01]), False))
+        frames.append((switch_frame(sw, True), False))
     for line, text in ((0, b"iPhone-like"), (1, label)):
-        frames.append((bytes([0x04, len(text) + 2, line]) + text + bytes([0x00]), True))
+        frames.append((lcd_text_frame(line, text), True))
     return frames
 
 

@@ -25,7 +25,7 @@ import time
 from bumble import hci
 from bumble.core import UUID
 from bumble.pairing import PairingConfig, PairingDelegate
-from rig.board import enable_frame, servo_frame  # scripts/lib, on the path ble_central.py set
+from rig.board import enable_frame, pwm_frame, servo_frame, switch_frame  # scripts/lib, on the path ble_central.py set
 
 CONNECTION_TIMEOUT = 0x08  # HCI error code: Connection Timeout (Core 5.3 Vol 1 Part F 1.3)
 DATABASE_HASH = UUID.from_16_bits(0x2B2A)
@@ -59,9 +59,9 @@ async def link_loss(device, central, phone):
     still = await central.scan(device, 5)
     central.say("FIGURE a 5 s scan while the phone is connected %s the board" % ("finds" if still else "does not find"))
     for ch in range(8):
-        await char.write_value(bytes([0x01, 0x02, ch, 0x01]), with_response=True)
-    await char.write_value(bytes([0x06, 0x02, 0x00, 0x01]), with_response=False)
-    await char.write_value(bytes([0x03, 0x03, 0x04, 0x01, 0xF4]), with_response=False)  # PWM ch4 50 %
+        await char.write_value(enable_frame(ch), with_response=True)
+    await char.write_value(switch_frame(0, True), with_response=False)
+    await char.write_value(pwm_frame(4, 500), with_response=False)  # PWM ch4 50 %
     for step in range(40):
         await char.write_value(servo_frame(3, 100 + step * 10), with_response=False)
         await asyncio.sleep(0.015)
