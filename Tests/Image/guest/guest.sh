@@ -789,18 +789,27 @@ check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
 # --- (k) a bonded central, for the check after the reboot ----------------------------------
 bond() {
     local board central
-    busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true
+    # Each call's outcome is waited for and checked: under TCG on a busy
+    # host a call can time out while bluetoothd still works on it, and a
+    # discovery that never started would find nothing. (A cold run saw
+    # "hci1 never saw the board ...; it saw:" nothing after 240 tries; its
+    # logs were lost, so the message now says whether hci1 was discovering
+    # and what the board said.)
+    until_true 240 sh -c 'busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true; [ "$(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered)" = "b true" ]' \
+        || { echo "hci1 did not power on: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered 2>&1)"; return 1; }
     board=$(address_of hci0); central=$(address_of hci1)
     secure_board || return 1
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery
+    until_true 240 busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le \
+        || { echo "hci1 refused the LE discovery filter"; return 1; }
+    until_true 240 sh -c 'busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery; [ "$(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering)" = "b true" ]' \
+        || { echo "hci1 did not start discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1)"; return 1; }
     # A property of the board's Device1, not `busctl introspect`: libdbus
     # answers Introspect for any path, one that names no object too, so
     # that "wait" ended at once and Pair then went to a device hci1 had not
     # yet found ("Method Pair ... doesn't exist"), whenever discovery was
     # slower than the calls between.
     until_true 240 device_prop hci1 "$board" Address \
-        || { echo "hci1 never saw the board $board; it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
+        || { echo "hci1 never saw the board $board (discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1); the board: $(blecontrol status 2>&1 | grep -i ble | head -n 1)); it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
     # Discovery stays on until the pairing is done: stopping it removes the
     # devices it found that are neither connected nor paired (bluetoothd's
     # temporary devices), this one with them.
