@@ -802,7 +802,7 @@ bond() {
     until_true 240 busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le \
         || { echo "hci1 refused the LE discovery filter"; return 1; }
     until_true 240 sh -c 'busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery; [ "$(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering)" = "b true" ]' \
-        || { echo "hci1 did not start discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1)"; return 1; }
+        || { echo "hci1 did not start discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1); StartDiscovery says: $(busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery 2>&1); hci1: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered PowerState Discoverable 2>&1 | tr '\n' ' '); btmgmt: $(timeout 10 btmgmt --index 1 info 2>&1 | head -n 8 | tr '\n' ' ')"; return 1; }
     # A property of the board's Device1, not `busctl introspect`: libdbus
     # answers Introspect for any path, one that names no object too, so
     # that "wait" ended at once and Pair then went to a device hci1 had not
