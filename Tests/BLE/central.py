@@ -27,7 +27,7 @@ from bleak import BleakClient, BleakScanner
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig.board as board  # noqa: E402 - scripts/lib: the rigs' one board client
 from rig import ble_scenario  # noqa: E402 - the scenario both BLE tiers run
-from rig.board import ble_sessions, channel, cli_status, enable_frame, lcd_text_frame, pwm_frame, servo_frame, switch_frame  # noqa: E402
+from rig.board import ble_sessions, channel, cli_status, enable_frame, lcd_clear_frame, lcd_text_frame, pwm_frame, servo_frame, switch_frame  # noqa: E402
 
 SERVICE = "0000ffe0-0000-1000-8000-00805f9b34fb"
 CHAR = "0000ffe1-0000-1000-8000-00805f9b34fb"
@@ -147,7 +147,7 @@ async def connected(link):
     await link.write(split[:3], False)
     await link.write(split[3:], False)
     check(await CHECKS.pulse_at(0, 2000), "fragmented SERVO_VAL reassembled → ch0 2000 µs", channel(status(), 0))
-    await link.write(servo_frame(1, 0) + ble_scenario.lcd_clear_frame(), True)
+    await link.write(servo_frame(1, 0) + lcd_clear_frame(), True)
     # Acknowledged at once through the acquired socket: the LCD thread
     # clears the display when it gets to it.
     cleared = await wait_for(lambda: all(line.strip() == "" for line in status()["lcd"]["lines"]))

@@ -81,15 +81,9 @@ def say(text):
 
 
 def status():
-    """The daemon's status report, read from its control socket: the report
-    `blecontrol status --json` prints, without a process per poll (starting
-    the CLI costs about a second under TCG, and the phases poll thousands of
-    times). The CLI's own reading is status()."""
-    control = rig.board.ControlSocket(SOCKET)
-    try:
-        return control.status()
-    finally:
-        control.close()
+    """The daemon's status report from its control socket (the phases poll
+    thousands of times); the CLI's own reading is status_cli()."""
+    return rig.board.socket_status(SOCKET)
 
 
 def status_cli():

@@ -206,19 +206,12 @@ class Daemon:
         return rig.run([self.cli_path, *args, "--socket", self.socket], check=False, capture=True)
 
     def status(self) -> "dict | None":
-        """The status report (what `blecontrol status --json` prints), read
-        from the control socket: a poll through the CLI costs a process, about
-        a second under TCG. None when it did not answer."""
+        """The status report from the control socket (rig.board.socket_status);
+        None when it did not answer."""
         try:
-            control = rig.board.ControlSocket(self.socket)
-        except OSError:
-            return None
-        try:
-            return control.status()
+            return rig.board.socket_status(self.socket)
         except (OSError, RuntimeError, ValueError):
             return None
-        finally:
-            control.close()
 
     def answers(self) -> bool:
         return self.status() is not None

@@ -94,6 +94,11 @@ replace_board() {
 address_of() { busctl get-property org.bluez "/org/bluez/$1" org.bluez.Adapter1 Address | cut -d'"' -f2; }
 device_path() { echo "/org/bluez/$1/dev_$(echo "$2" | tr : _)"; } # ADAPTER ADDRESS
 device_prop() { busctl get-property org.bluez "$(device_path "$1" "$2")" org.bluez.Device1 "$3" 2>/dev/null; } # ADAPTER ADDRESS PROPERTY
+adapter_prop() { busctl get-property org.bluez "/org/bluez/$1" org.bluez.Adapter1 "${@:2}" 2>&1; } # ADAPTER PROPERTY...
+adapter_call() { busctl call org.bluez "/org/bluez/$1" org.bluez.Adapter1 "${@:2}"; } # ADAPTER METHOD [SIGNATURE ARGS...]
+# Until bluetoothd reports them done (a call may time out under TCG while it still works on it).
+hci1_powered() { busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true; [ "$(adapter_prop hci1 Powered)" = "b true" ]; }
+hci1_discovering() { adapter_call hci1 StartDiscovery; [ "$(adapter_prop hci1 Discovering)" = "b true" ]; }
 bond_key() { # BOARD CENTRAL: the long-term key the board's bluetoothd stored for the central
     # An LE Secure Connections key is the responder's ([PeripheralLongTermKey],
     # BlueZ's src/adapter.c store_longtermkey); a legacy initiator's is [LongTermKey].
@@ -795,21 +800,20 @@ bond() {
     # "hci1 never saw the board ...; it saw:" nothing after 240 tries; its
     # logs were lost, so the message now says whether hci1 was discovering
     # and what the board said.)
-    until_true 240 sh -c 'busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true; [ "$(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered)" = "b true" ]' \
-        || { echo "hci1 did not power on: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered 2>&1)"; return 1; }
+    until_true 240 hci1_powered || { echo "hci1 did not power on: $(adapter_prop hci1 Powered)"; return 1; }
     board=$(address_of hci0); central=$(address_of hci1)
     secure_board || return 1
-    until_true 240 busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 SetDiscoveryFilter 'a{sv}' 1 Transport s le \
+    until_true 240 adapter_call hci1 SetDiscoveryFilter 'a{sv}' 1 Transport s le \
         || { echo "hci1 refused the LE discovery filter"; return 1; }
-    until_true 240 sh -c 'busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery; [ "$(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering)" = "b true" ]' \
-        || { echo "hci1 did not start discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1); StartDiscovery says: $(busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StartDiscovery 2>&1); hci1: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered PowerState Discoverable 2>&1 | tr '\n' ' '); btmgmt: $(timeout 10 btmgmt --index 1 info 2>&1 | head -n 8 | tr '\n' ' ')"; return 1; }
+    until_true 240 hci1_discovering \
+        || { echo "hci1 did not start discovering: $(adapter_prop hci1 Discovering); StartDiscovery says: $(adapter_call hci1 StartDiscovery 2>&1); hci1: $(adapter_prop hci1 Powered PowerState Discoverable | tr '\n' ' '); btmgmt: $(timeout 10 btmgmt --index 1 info 2>&1 | head -n 8 | tr '\n' ' ')"; return 1; }
     # A property of the board's Device1, not `busctl introspect`: libdbus
     # answers Introspect for any path, one that names no object too, so
     # that "wait" ended at once and Pair then went to a device hci1 had not
     # yet found ("Method Pair ... doesn't exist"), whenever discovery was
     # slower than the calls between.
     until_true 240 device_prop hci1 "$board" Address \
-        || { echo "hci1 never saw the board $board (discovering: $(busctl get-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Discovering 2>&1); the board: $(blecontrol status 2>&1 | grep -i ble | head -n 1)); it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
+        || { echo "hci1 never saw the board $board (discovering: $(adapter_prop hci1 Discovering); the board: $(blecontrol status 2>&1 | grep -i ble | head -n 1)); it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
     # Discovery stays on until the pairing is done: stopping it removes the
     # devices it found that are neither connected nor paired (bluetoothd's
     # temporary devices), this one with them.
@@ -817,7 +821,7 @@ bond() {
     local btmon=$!
     busctl --timeout=120 call org.bluez "$(device_path hci1 "$board")" org.bluez.Device1 Pair
     local paired=$?
-    busctl call org.bluez /org/bluez/hci1 org.bluez.Adapter1 StopDiscovery 2>/dev/null
+    adapter_call hci1 StopDiscovery 2>/dev/null
     sleep 1; kill "$btmon" 2>/dev/null
     [ "$paired" = 0 ] || { cp "$work/btmon-pair.txt" "$work/btmon-failed.txt"; return 1; }
     until_true 240 sh -c "[ \"\$(busctl get-property org.bluez $(device_path hci0 "$central") org.bluez.Device1 Bonded)\" = 'b true' ]" \

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .board import ble_sessions, ble_state, channel, enable_frame, init_frame, lcd_clear_frame, lcd_text_frame, pwm_frame, servo_frame
+from .board import ble_sessions, ble_state, channel, enable_frame, init_frame, lcd_text_frame, pwm_frame, servo_frame
 
 UNKNOWN = bytes([0x09, 0x00])
 ERROR_UNKNOWN = bytes([0xFF, 0x01, 0x09])
@@ -197,5 +197,4 @@ async def two_centrals(checks: Checks, commander, observer) -> None:
         await watching.close()
 
 
-__all__ = ["Checks", "scenario", "two_centrals", "pwm_4_at_half", "commander_left", "device_name", "lcd_clear_frame",
-           "UNKNOWN", "ERROR_UNKNOWN"]
+__all__ = ["Checks", "scenario", "two_centrals", "pwm_4_at_half", "commander_left", "device_name", "UNKNOWN", "ERROR_UNKNOWN"]
