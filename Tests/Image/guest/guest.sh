@@ -95,10 +95,9 @@ address_of() { busctl get-property org.bluez "/org/bluez/$1" org.bluez.Adapter1 
 device_path() { echo "/org/bluez/$1/dev_$(echo "$2" | tr : _)"; } # ADAPTER ADDRESS
 device_prop() { busctl get-property org.bluez "$(device_path "$1" "$2")" org.bluez.Device1 "$3" 2>/dev/null; } # ADAPTER ADDRESS PROPERTY
 adapter_prop() { busctl get-property org.bluez "/org/bluez/$1" org.bluez.Adapter1 "${@:2}" 2>&1; } # ADAPTER PROPERTY...
-adapter_call() { busctl call org.bluez "/org/bluez/$1" org.bluez.Adapter1 "${@:2}"; } # ADAPTER METHOD [SIGNATURE ARGS...]
-# Until bluetoothd reports them done (a call may time out under TCG while it still works on it).
+# Until bluetoothd reports it done (a call may time out under TCG while it still works on it).
 hci1_powered() { busctl set-property org.bluez /org/bluez/hci1 org.bluez.Adapter1 Powered b true; [ "$(adapter_prop hci1 Powered)" = "b true" ]; }
-hci1_discovering() { adapter_call hci1 StartDiscovery; [ "$(adapter_prop hci1 Discovering)" = "b true" ]; }
+hci1_discovering() { [ "$(adapter_prop hci1 Discovering)" = "b true" ]; }
 bond_key() { # BOARD CENTRAL: the long-term key the board's bluetoothd stored for the central
     # An LE Secure Connections key is the responder's ([PeripheralLongTermKey],
     # BlueZ's src/adapter.c store_longtermkey); a legacy initiator's is [LongTermKey].
@@ -794,26 +793,35 @@ check x1 "the host logged in over SSH as $ADMIN_USER with the key" \
 # --- (k) a bonded central, for the check after the reboot ----------------------------------
 bond() {
     local board central
-    # Each call's outcome is waited for and checked: under TCG on a busy
+    # Each step's outcome is waited for and checked: under TCG on a busy
     # host a call can time out while bluetoothd still works on it, and a
-    # discovery that never started would find nothing. (A cold run saw
-    # "hci1 never saw the board ...; it saw:" nothing after 240 tries; its
-    # logs were lost, so the message now says whether hci1 was discovering
-    # and what the board said.)
+    # discovery that never started would find nothing.
     until_true 240 hci1_powered || { echo "hci1 did not power on: $(adapter_prop hci1 Powered)"; return 1; }
     board=$(address_of hci0); central=$(address_of hci1)
     secure_board || return 1
-    until_true 240 adapter_call hci1 SetDiscoveryFilter 'a{sv}' 1 Transport s le \
-        || { echo "hci1 refused the LE discovery filter"; return 1; }
+    # bluetoothd ties a discovery, and its filter, to the D-Bus client that
+    # asked for it and ends both when that client leaves the bus (BlueZ
+    # src/adapter.c, discovery_disconnect). A `busctl call StartDiscovery`
+    # leaves as soon as it has its answer, so its discovery lasted only
+    # until bluetoothd noticed: long enough on a slow guest, never on a
+    # fast one ("StartDiscovery" answered 240 times, Discovering stayed
+    # false). bluetoothctl, fed through a pipe, stays on the bus and keeps
+    # hci1 discovering (LE only) until this function closes its input.
+    rm -f "$work/scan.in"; mkfifo "$work/scan.in"
+    bluetoothctl <"$work/scan.in" >"$work/bluetoothctl-scan.txt" 2>&1 &
+    local scanner=$!
+    exec 7>"$work/scan.in"
+    printf 'select %s\nscan le\n' "$central" >&7
+    stop_scan() { exec 7>&-; kill "$scanner" 2>/dev/null; wait "$scanner" 2>/dev/null; }
     until_true 240 hci1_discovering \
-        || { echo "hci1 did not start discovering: $(adapter_prop hci1 Discovering); StartDiscovery says: $(adapter_call hci1 StartDiscovery 2>&1); hci1: $(adapter_prop hci1 Powered PowerState Discoverable | tr '\n' ' '); btmgmt: $(timeout 10 btmgmt --index 1 info 2>&1 | head -n 8 | tr '\n' ' ')"; return 1; }
+        || { echo "hci1 did not start discovering: $(adapter_prop hci1 Discovering); bluetoothctl: $(tail -n 5 "$work/bluetoothctl-scan.txt" | tr '\n' ' ')"; stop_scan; return 1; }
     # A property of the board's Device1, not `busctl introspect`: libdbus
     # answers Introspect for any path, one that names no object too, so
     # that "wait" ended at once and Pair then went to a device hci1 had not
     # yet found ("Method Pair ... doesn't exist"), whenever discovery was
     # slower than the calls between.
     until_true 240 device_prop hci1 "$board" Address \
-        || { echo "hci1 never saw the board $board (discovering: $(adapter_prop hci1 Discovering); the board: $(blecontrol status 2>&1 | grep -i ble | head -n 1)); it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; return 1; }
+        || { echo "hci1 never saw the board $board (discovering: $(adapter_prop hci1 Discovering); the board: $(blecontrol status 2>&1 | grep -i ble | head -n 1)); it saw: $(busctl tree --list org.bluez 2>&1 | grep '/hci1/dev_' | tr '\n' ' ')"; stop_scan; return 1; }
     # Discovery stays on until the pairing is done: stopping it removes the
     # devices it found that are neither connected nor paired (bluetoothd's
     # temporary devices), this one with them.
@@ -821,7 +829,7 @@ bond() {
     local btmon=$!
     busctl --timeout=120 call org.bluez "$(device_path hci1 "$board")" org.bluez.Device1 Pair
     local paired=$?
-    adapter_call hci1 StopDiscovery 2>/dev/null
+    stop_scan
     sleep 1; kill "$btmon" 2>/dev/null
     [ "$paired" = 0 ] || { cp "$work/btmon-pair.txt" "$work/btmon-failed.txt"; return 1; }
     until_true 240 sh -c "[ \"\$(busctl get-property org.bluez $(device_path hci0 "$central") org.bluez.Device1 Bonded)\" = 'b true' ]" \
