@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts/lib"))
 import rig  # noqa: E402 - scripts/lib: progress marks for the VM's quiet guard
-from rig.board import enable_frame, percentile, servo_frame  # noqa: E402
+from rig.board import enable_frame, percentile, servo_frame, socket_status  # noqa: E402
 
 N_BURST = int(os.environ.get("BLECONTROL_BLE_BENCH_FRAMES", "300"))
 N_REQUEST = int(os.environ.get("BLECONTROL_BLE_BENCH_REQUESTS", "60"))
@@ -347,11 +347,7 @@ async def run_peer(device, central):
     peer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "peer-server", path, name], stdout=log, stderr=log)
     try:
         def up():
-            control = central.ControlSocket(path)
-            try:
-                return "advertising" in control.status()["transports"]["ble"]
-            finally:
-                control.close()
+            return "advertising" in socket_status(path)["transports"]["ble"]
         if not central.record(await central.wait_for(up, 0.3), "bench-peer-up", "bluez-peripheral GATT server registered and advertising"):
             return
         await run(device, central, "bench-peer", control_path=path, name=name)
