@@ -20,6 +20,7 @@ asks for 2 to 6 s; here it comes at once).
 """
 import asyncio
 import os
+import re
 import time
 
 from bumble import hci
@@ -69,12 +70,19 @@ async def link_loss(device, central, phone):
     streamed = await central.wait_for(lambda: near(pulse(central, 3), 1490))
     central.record(streamed, "l2", "streaming SERVO_VAL at 15 ms: the last value applied (ch3 1490 us)", pulse(central, 3))
     await device.disconnect(connection, CONNECTION_TIMEOUT)
-    report = await central.wait_for(lambda: (lambda r: r if r["servo"].get("failsafe") else None)(central.status()), 0.2)
+
+    def safe(report):
+        # The reason is set at once; the chip's pulses and the switches
+        # follow on the servo thread and the loop: wait for all of it.
+        return (report["servo"].get("failsafe") is not None and near(round(central.channel(report, 3).get("pulse_us", 0)), 1500)
+                and central.channel(report, 4).get("duty", 1) == 0 and not any(s.get("on") for s in report.get("switches", []))
+                and not central.ble_sessions(report))
+    report = await central.wait_for(lambda: (lambda r: r if safe(r) else None)(central.status()), 0.2)
+    ok = report is not None
     report = report or central.status()
     failsafe = report["servo"].get("failsafe")
     switches = [s.get("on") for s in report.get("switches", [])]
     duty = central.channel(report, 4).get("duty", 0)
-    ok = failsafe is not None and near(pulse(central, 3), 1500) and duty == 0 and not any(switches) and not central.ble_sessions(report)
     central.record(ok, "l3", "link lost (Disconnection Complete, reason 0x08 Connection Timeout) -> session ended, failsafe engaged (%s): "
                    "ch3 at its failsafe pulse 1500 us, PWM off, switches off" % failsafe,
                    (failsafe, pulse(central, 3), duty, switches, central.ble_sessions(report)))
@@ -155,11 +163,11 @@ async def reconnect_bonded(device, central, phone, handle, value, name=None):
     stored key, then a write to the FFE1 handle it cached, with no discovery.
     Returns (connection, why-not)."""
     await phone.rotate_address()
-    entry = await central.scan(device, 30, name)
-    if entry is None:
-        return None, "board not found"
     phone.security_event.clear()
-    connection = await device.connect(entry["address"], timeout=20)
+    linked = await central.link(device, 30, name=name)
+    if linked is None:
+        return None, "board not found"
+    connection = linked[0]
     # The phone encrypts once the board asks: bluetoothd sends a Security
     # Request when it holds the phone's key ("Elevating security level since
     # LTK is available", src/device.c). Encrypting before that request
@@ -183,6 +191,13 @@ async def reconnect_bonded(device, central, phone, handle, value, name=None):
         # A link dropped mid-write cancels the request (Bumble).
         return connection, "write to cached handle 0x%04X: %r" % (handle, error)
     return connection, None
+
+
+def refused_writes(central):
+    """The writes the daemon refused by ble.allow since its BLE side started
+    (its status says ", N writes refused (ble.allow)" once N > 0)."""
+    found = re.search(r"(\d+) writes refused \(ble\.allow\)", central.ble_state(central.status()))
+    return int(found.group(1)) if found else 0
 
 
 async def database_hash(connection):
@@ -287,16 +302,26 @@ async def pairing_steps(device, central, phone):
                    "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (also in status: '%s'); "
                    "bonded in %.2f s" % (central.ble_state(shown), took), repr(error))
     central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
-    state = await central.wait_for(lambda: (lambda s: s if "passkey" not in s else None)(central.ble_state(central.status())))
-    central.record(state is not None and not any(l.startswith("PIN ") for l in central.status()["lcd"]["lines"]), "q8",
+    # The passkey leaves the status at once, the LCD when its thread has
+    # redrawn the lines: wait for both.
+    state = await central.wait_for(lambda: (lambda r: r if "passkey" not in central.ble_state(r)
+                                            and not any(l.startswith("PIN ") for l in r["lcd"]["lines"]) else None)(central.status()))
+    central.record(state is not None, "q8",
                    "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status()))
     try:
         answered = await phone_session(char)
         error = None
     except Exception as failure:
         answered, error = -1, failure
-    report = central.status()
-    servos = [round(central.channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
+
+    def pulses():
+        report = central.status()
+        return [round(central.channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
+    # bluetoothd answers a write request before the daemon has it: wait
+    # for the session's last servo values rather than read them at once.
+    if answered == 10:
+        await central.wait_for(lambda: all(abs(us - 1600) < 5 for us in pulses()))
+    servos = pulses()
     central.record(answered == 10 and all(abs(us - 1600) < 5 for us in servos), "q9",
                    "bonded and encrypted, from a private address, allowed by its identity address: the demo app's session applied "
                    "(%d writes answered, servos %s)" % (answered, servos), repr(error))
@@ -341,11 +366,15 @@ async def pairing_steps(device, central, phone):
 
     # ble.allow: the same bonded phone, not on the list, is refused.
     ok = await reload_board(central, board, name="BLEControl-R3", security="authenticated", allow="[00:11:22:33:44:55]")
+    before = refused_writes(central)
     connection, why = await reconnect_bonded(device, central, phone, handle, 777, "BLEControl-R3")
-    state = central.ble_state(central.status())
     # With the HM-10 layout (FFE1 also write-without-response) bluetoothd
     # answers a write request before the daemon has (see the "ack" phase),
-    # so the phone is not told: the refusal shows in status, and nothing moves.
+    # so the phone is not told: the refusal shows in status, and nothing
+    # moves. The count of refusals is the event to wait for (both writes,
+    # or the one that went before the link failed), then the pulse is read.
+    await central.wait_for(lambda: refused_writes(central) >= before + (2 if why is None else 1))
+    state = central.ble_state(central.status())
     central.record(ok and (why is None or "write to cached handle" in why) and not near(pulse(central, 0), 1777) and "refused (ble.allow)" in state,
                    "q15", "ble.allow without the phone's identity: the bonded, encrypted phone's writes are refused (counted in status), nothing moves",
                    (why, pulse(central, 0), state))
