@@ -207,6 +207,7 @@ after_watchdog_reset() {
     check r2 "blecontrol-safe-outputs switched off the outputs the chip held (0xFD = 0x10) before bluetoothd and blecontrold started" early_off
     info "outputs-off-after-kernel-start: $(awk -v us="$(unit_us blecontrol-safe-outputs.service ExecMainExitTimestampMonotonic)" 'BEGIN { printf "%.1f", us / 1e6 }') s (TCG)"
     check r3 "back up: blecontrold active, no failed unit, no emergency shell, root read-write" up_again
+    btvirt_report
     journal_limits() {
         journalctl -b -u systemd-journald -q -o cat | grep -E 'System Journal .* max 64(\.0)?M' \
             || { journalctl -b -u systemd-journald -q -o cat | grep -i journal | tail -n 2; return 1; }
@@ -264,6 +265,12 @@ up_again() {
     findmnt -no OPTIONS / | grep -q '^rw' || { echo "root mounted $(findmnt -no OPTIONS /)"; return 1; }
 }
 boots() { journalctl --list-boots -q 2>/dev/null | wc -l; }
+# The rig's radio: how often systemd restarted btvirt this boot and what
+# setup.sh said of it, recorded before j1's flood rotates the journal.
+btvirt_report() {
+    info "btvirt: $(systemctl show -p NRestarts --value blecontrol-test-btvirt.service) restarts this boot;" \
+        "$(journalctl -b -u blecontrol-test-btvirt.service -q -o cat 2>/dev/null | grep -E 'btvirt (attempt|exited)|set up|Main process' | tail -n 6 | tr '\n' ' ')"
+}
 if [ "$mode" = cut ]; then
     # Up, then the demo app's traffic (a servo swept through its range)
     # until the power goes.
@@ -760,6 +767,7 @@ fi
 # --- (b) BLE: the real bluetoothd on btvirt's controllers ------------------------------------
 advertising_logged() { journalctl -u blecontrold.service -b -q -o cat | grep -q 'BLE: advertising as BLEControl on hci0 (GATT application and advertisement registered)'; }
 check b1 "bluetoothd active, hci0 from btvirt" sh -c 'systemctl is-active bluetooth.service && [ -e /sys/class/bluetooth/hci0 ]'
+btvirt_report
 check b2 "the GATT application and advertisement registered with bluetoothd (daemon's journal line)" until_true 240 advertising_logged
 bluez_sees() {
     local instances alias

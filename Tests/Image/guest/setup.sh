@@ -57,8 +57,13 @@ if [ "${1:-}" = btvirt ]; then
         if [ "$ok" = yes ]; then
             say "controllers hci0 and hci1 set up (btvirt attempt $attempt)"
             systemd-notify --ready
-            wait "$pid"
-            exit $?
+            status=0
+            wait "$pid" || status=$?
+            say "btvirt exited (status $status) after its controllers were set up"
+            # Ended at all while the unit runs is the rig failing (systemd
+            # stops the shell as well), so never 0: Restart=on-failure.
+            [ "$status" -ne 0 ] || status=1
+            exit "$status"
         fi
         say "btvirt attempt $attempt: a controller's set-up failed ($(hciconfig 2>&1 | grep -c '00:00:00:00:00:00') without an address); again"
     done
