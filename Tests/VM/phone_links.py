@@ -373,9 +373,11 @@ async def pairing_steps(device, central, phone):
     # so the phone is not told: the refusal shows in status, and nothing
     # moves. The count of refusals is the event to wait for (both writes,
     # or the one that went before the link failed), then the pulse is read.
-    await central.wait_for(lambda: refused_writes(central) >= before + (2 if why is None else 1))
+    sent = why is None or "write to cached handle" in why
+    if sent:
+        await central.wait_for(lambda: refused_writes(central) >= before + (2 if why is None else 1))
     state = central.ble_state(central.status())
-    central.record(ok and (why is None or "write to cached handle" in why) and not near(pulse(central, 0), 1777) and "refused (ble.allow)" in state,
+    central.record(ok and sent and not near(pulse(central, 0), 1777) and refused_writes(central) > before,
                    "q15", "ble.allow without the phone's identity: the bonded, encrypted phone's writes are refused (counted in status), nothing moves",
                    (why, pulse(central, 0), state))
     if connection:

@@ -245,6 +245,7 @@ after_watchdog_reset() {
     check j1 "journald keeps the card's journal within the image's limit when flooded (96 MiB of unique lines: at most 64 MiB and one 8 MiB file)" journal_flood
     check soak "a short soak under the real bluetoothd: the demo app's traffic over the air, bluetoothd restarted and the board reloaded in turn; every session served, no descriptor or thread kept" image_soak
     info "$(cat "$work/soak-summary" 2>/dev/null)"
+    btvirt_report
     {
         echo "=== boot 2: journal"; journalctl -b --no-pager -o short-monotonic
     } >/dev/virtio-ports/blecontrol.logs 2>&1
@@ -269,7 +270,7 @@ boots() { journalctl --list-boots -q 2>/dev/null | wc -l; }
 # setup.sh said of it, recorded before j1's flood rotates the journal.
 btvirt_report() {
     info "btvirt: $(systemctl show -p NRestarts --value blecontrol-test-btvirt.service) restarts this boot;" \
-        "$(journalctl -b -u blecontrol-test-btvirt.service -q -o cat 2>/dev/null | grep -E 'btvirt (attempt|exited)|set up|Main process' | tail -n 6 | tr '\n' ' ')"
+        "$(journalctl -b -u blecontrol-test-btvirt.service -q -o cat 2>/dev/null | grep -E 'btvirt (attempt|exited)|set up|Main process|Scheduled restart' | tail -n 6 | tr '\n' ' ')"
 }
 if [ "$mode" = cut ]; then
     # Up, then the demo app's traffic (a servo swept through its range)
