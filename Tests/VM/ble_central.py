@@ -569,9 +569,8 @@ async def phone(device):
         # bluetoothd answers a write request before the daemon has it
         # (docs/protocol.md, "Acknowledgements"): the last LCD line may
         # still be on its way when the answer comes. Wait for it.
-        if answered == 10:
-            await wait_for(lambda: applied(status())[0])
-        done, servos, duties, switches, lines = applied(status())
+        report = await CHECKS.status_when(lambda r: applied(r)[0]) if answered == 10 else status()
+        done, servos, duties, switches, lines = applied(report)
         ok = answered == 10 and done
         record(ok, ident + "e", "the demo app's session (writes without response paced at 15 ms, %d answered with response, %.1f s): "
                "servos 1600 us, PWM -500 -> 100 %%, switches on, both LCD lines" % (answered, took),
@@ -615,9 +614,8 @@ async def phone(device):
             lines = report["lcd"]["lines"]
             return all(abs(us - 1600) < 5 for us in servos) and lines[1].startswith(ident), servos, lines
         # As in p2e: the answer may come before the last line is shown.
-        if answered == 10:
-            await wait_for(lambda: applied(status())[0])
-        done, servos, lines = applied(status())
+        report = await CHECKS.status_when(lambda r: applied(r)[0]) if answered == 10 else status()
+        done, servos, lines = applied(report)
         ok = answered == 10 and done and not p.security_requests
         record(ok and negotiated >= (247 if mtu else 23), ident + "b",
                "%s: the demo app's session at ATT MTU %d, %d writes answered, servos 1600 us, the LCD lines, no Security Request"

@@ -77,9 +77,8 @@ async def link_loss(device, central, phone):
         return (report["servo"].get("failsafe") is not None and near(round(central.channel(report, 3).get("pulse_us", 0)), 1500)
                 and central.channel(report, 4).get("duty", 1) == 0 and not any(s.get("on") for s in report.get("switches", []))
                 and not central.ble_sessions(report))
-    report = await central.wait_for(lambda: (lambda r: r if safe(r) else None)(central.status()), 0.2)
-    ok = report is not None
-    report = report or central.status()
+    report = await central.CHECKS.status_when(safe)
+    ok = safe(report)
     failsafe = report["servo"].get("failsafe")
     switches = [s.get("on") for s in report.get("switches", [])]
     duty = central.channel(report, 4).get("duty", 0)
@@ -304,24 +303,24 @@ async def pairing_steps(device, central, phone):
     central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
     # The passkey leaves the status at once, the LCD when its thread has
     # redrawn the lines: wait for both.
-    state = await central.wait_for(lambda: (lambda r: r if "passkey" not in central.ble_state(r)
-                                            and not any(l.startswith("PIN ") for l in r["lcd"]["lines"]) else None)(central.status()))
-    central.record(state is not None, "q8",
-                   "once bonded the passkey leaves the LCD and the status", central.ble_state(central.status()))
+
+    def cleared(report):
+        return "passkey" not in central.ble_state(report) and not any(l.startswith("PIN ") for l in report["lcd"]["lines"])
+    report = await central.CHECKS.status_when(cleared)
+    central.record(cleared(report), "q8", "once bonded the passkey leaves the LCD and the status", central.ble_state(report))
     try:
         answered = await phone_session(char)
         error = None
     except Exception as failure:
         answered, error = -1, failure
 
-    def pulses():
-        report = central.status()
+    def pulses(report):
         return [round(central.channel(report, ch).get("pulse_us", 0)) for ch in range(4)]
     # bluetoothd answers a write request before the daemon has it: wait
     # for the session's last servo values rather than read them at once.
-    if answered == 10:
-        await central.wait_for(lambda: all(abs(us - 1600) < 5 for us in pulses()))
-    servos = pulses()
+    report = (await central.CHECKS.status_when(lambda r: all(abs(us - 1600) < 5 for us in pulses(r)))
+              if answered == 10 else central.status())
+    servos = pulses(report)
     central.record(answered == 10 and all(abs(us - 1600) < 5 for us in servos), "q9",
                    "bonded and encrypted, from a private address, allowed by its identity address: the demo app's session applied "
                    "(%d writes answered, servos %s)" % (answered, servos), repr(error))

@@ -61,6 +61,18 @@ class Checks:
     async def sessions(self, count: int) -> bool:
         return await self.wait_for(lambda: len(ble_sessions(self.status())) == count) is not None
 
+    async def status_when(self, predicate) -> dict:
+        """The first status report `predicate` accepts, polled as `wait_for`
+        polls; when none did, the last one read, so the check records what
+        was there. The caller judges the report it gets with `predicate`."""
+        last = []
+
+        def attempt():
+            last[:] = [self.status()]
+            return last[0] if predicate(last[0]) else None
+        found = await self.wait_for(attempt)
+        return found if found is not None else last[0] if last else self.status()
+
 
 def device_name(address: str) -> str:
     """How the daemon names a central in a failsafe's reason."""
@@ -78,9 +90,9 @@ async def scenario(checks: Checks, central, name: str, connected=None) -> "dict 
     is up and returns how many valid frames it sent. Returns the advertisement found
     (None when the scenario could not get that far)."""
     record = checks.record
-    report = await checks.wait_for(lambda: (lambda r: r if "advertising" in ble_state(r) else None)(checks.status()))
-    if not record(report is not None, "v1", "the daemon registered its GATT application and advertisement",
-                  ble_state(checks.status())):
+    report = await checks.status_when(lambda r: "advertising" in ble_state(r))
+    if not record("advertising" in ble_state(report), "v1", "the daemon registered its GATT application and advertisement",
+                  ble_state(report)):
         return None
     found = await central.find()
     if not record(found is not None and found["name"] == name, "v2", "%s finds the board by its name '%s'" % (central.label, name),
