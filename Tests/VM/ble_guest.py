@@ -19,6 +19,10 @@ Android-like centrals), reconnect (link lost, new private address), pair
 (ble.security: authenticated, bonds), bench-writevalue, acquire (daemon
 restarted with ble.acquire_write: true), bench-acquire. guest.env's
 BLECONTROL_BLE_PHASES (BLECONTROL_VM_BLE_PHASES on the host) runs only those.
+The phases share one bluetoothd and one daemon, and each is written for the
+state the default order leaves it in: a subset can fail where the whole run
+passes (`ack reconnect` alone failed, its writes held by a bluetoothd that
+`phone` had not restarted). Keep the phases a phase follows, in their order.
 
 Every wait is a bounded count of polls, a guard against a hang.
 """
