@@ -423,6 +423,13 @@ public final class ManualLoop: Scheduler, @unchecked Sendable {
         }
     }
 
+    /// Moves virtual time to `target` without running anything, as a loop
+    /// the host did not schedule (a paused VM, SIGSTOP): timers due
+    /// meanwhile fire late, at `target`, on the next ``run()`` or advance.
+    public func pause(until target: ContinuousClock.Instant) {
+        lock.withLock { current = max(current, target) }
+    }
+
     /// Moves virtual time forward by `duration`, firing each timer at its
     /// own deadline on the way.
     public func advance(by duration: Duration) {

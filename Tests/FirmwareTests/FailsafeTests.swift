@@ -306,13 +306,51 @@ struct FailsafeWatchTests {
         #expect(probe.acknowledged == 1)
         #expect(loop.pendingTimers == 0)
 
+        // Stuck: seen at the deadline, and again a fifth of it later.
         let t1 = loop.now
         probe.busySince = t1
         watch.servoBusy(since: t1)
-        loop.advance(to: t1 + .milliseconds(199))
+        loop.advance(to: t1 + .milliseconds(239))
         #expect(probe.engaged.isEmpty)
-        loop.advance(to: t1 + .milliseconds(200))
-        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 200 ms")
+        loop.advance(to: t1 + .milliseconds(240))
+        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 240 ms")
+        #expect(probe.engaged.first?.1 == t1 + .milliseconds(240))
+    }
+
+    @Test("Stall: a pause of the whole process (the loop wakes late, inside the servo thread's transfer) is not a stall when the transfer then ends")
+    func pauseIsNotAStall() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
+        let t0 = loop.now
+        probe.busySince = t0
+        watch.servoBusy(since: t0)
+        // The host ran neither thread for 700 ms: the loop's timer fires
+        // late and finds the transfer 700 ms old.
+        loop.pause(until: t0 + .milliseconds(700))
+        loop.run()
+        #expect(probe.engaged.isEmpty)
+        // The servo thread, woken too, finishes it at once.
+        loop.advance(to: t0 + .milliseconds(701))
+        probe.busySince = nil
+        loop.advance(by: .seconds(2))
+        #expect(probe.engaged.isEmpty)
+        #expect(probe.acknowledged == 1)
+        #expect(loop.pendingTimers == 0)
+
+        // Paused again; woken, the servo thread ends that transfer and
+        // starts the next, which is judged on its own age.
+        let t1 = loop.now
+        probe.busySince = t1
+        watch.servoBusy(since: t1)
+        loop.pause(until: t1 + .milliseconds(650))
+        loop.run()
+        loop.advance(to: t1 + .milliseconds(651))
+        probe.busySince = loop.now
+        loop.advance(to: t1 + .milliseconds(1250))
+        #expect(probe.engaged.isEmpty)
+        loop.advance(to: t1 + .milliseconds(1251))
+        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 600 ms")
     }
 }
 

@@ -3,7 +3,7 @@ import Reactor
 
 /// The failsafe triggers that need a clock: a commander silent for the
 /// silence timeout (each commander on its own frames), and the servo thread stuck in one bus transfer for the stall
-/// timeout. Deadline-driven on the event loop (a ``Scheduler``): it arms at
+/// timeout (seen twice, ``stallGrace`` apart). Deadline-driven on the event loop (a ``Scheduler``): it arms at
 /// most one timer per trigger, at the instant the trigger could fire, and
 /// none at all while the board is idle and already silent, so it costs no
 /// wake-ups when nothing happens (the old watch polled 26 times a second).
@@ -82,14 +82,30 @@ public final class FailsafeWatch: @unchecked Sendable {
         }
     }
 
-    private func checkStall() {
+    /// How long after a first sight of a stall the watch looks again
+    /// before it engages.
+    ///
+    /// A pause of the whole process (a VM whose vCPUs the host did not run,
+    /// SIGSTOP, a suspend) stops the servo thread in whatever transfer it
+    /// was in and wakes it together with the loop: at that instant the
+    /// transfer looks as old as the pause. Given a moment it finishes; a
+    /// hung adapter does not. A newer transfer is younger than the grace,
+    /// so the second look sees a stall only where the same transfer lasted
+    /// through both.
+    var stallGrace: Duration { stallTimeout / 5 }
+
+    private func checkStall(seen: Bool = false) {
         stallTimer = nil
         let now = loop.now
         if let busy = busyFor(now) {
             if busy >= stallTimeout {
+                guard seen else {
+                    stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(seen: true) }
+                    return
+                }
                 engage("servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
                 // Keep watching the same transfer: it may never end.
-                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall() }
+                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall(seen: true) }
                 return
             }
             // A newer transfer: check it at its own deadline.

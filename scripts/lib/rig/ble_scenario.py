@@ -47,6 +47,14 @@ class Checks:
     def failsafe(self):
         return self.status()["servo"].get("failsafe")
 
+    def explained(self, detail) -> dict:
+        """A FAIL's detail with what else can hold an output where it is
+        (a failsafe that engaged, with its reason; the centrals still
+        connected), so one failed run says which it was."""
+        report = self.status()
+        return {"detail": detail, "failsafe": report["servo"].get("failsafe"), "failsafes": report["servo"].get("failsafes"),
+                "sessions": ble_sessions(report)}
+
     async def pulse_at(self, number: int, pulse_us: float) -> bool:
         """Channel `number` at `pulse_us` within 5 µs: 12-bit PCA9685 counts
         at 50 Hz are about 4.9 µs apart."""
@@ -119,9 +127,9 @@ async def scenario(checks: Checks, central, name: str, connected=None) -> "dict 
         record(await checks.lcd_line_starts(0, "Hello"), "v6", "LCD_TEXT 04 07 00 'Hello' 00 with response -> the LCD shows Hello",
                checks.status()["lcd"]["lines"])
         record(await checks.pulse_at(0, 1500), "v7", "enable 01 02 00 01 (with response) + SERVO_VAL 02 03 00 01 F4 (without) "
-               "-> channel 0 at 1500 µs", channel(checks.status(), 0))
+               "-> channel 0 at 1500 µs", checks.explained(channel(checks.status(), 0)))
         record(await checks.duty_at(6, 0.5), "v8", "enable 01 02 06 01 + PWM_VAL 03 03 06 01 F4 (without) -> channel 6 at 50 %",
-               channel(checks.status(), 6))
+               checks.explained(channel(checks.status(), 6)))
         if connected is not None:
             sent += await connected(link)
         await link.write(UNKNOWN, True)  # an ERROR, not a frame: not counted
@@ -145,7 +153,7 @@ async def pwm_4_at_half(checks: Checks, link, ident: str, who: str) -> bool:
     """`who` enables PWM channel 4 and sets it to 50 % in one write with response."""
     await link.write(enable_frame(4) + pwm_frame(4, 500), True)
     return checks.record(await checks.duty_at(4, 0.5), ident,
-                         "%s: enable 01 02 04 01 + PWM_VAL 03 03 04 01 F4 -> channel 4 at 50 %%" % who, channel(checks.status(), 4))
+                         "%s: enable 01 02 04 01 + PWM_VAL 03 03 04 01 F4 -> channel 4 at 50 %%" % who, checks.explained(channel(checks.status(), 4)))
 
 
 async def commander_left(checks: Checks, address: str, idents: "tuple[str, str]", why: str) -> None:
@@ -202,7 +210,7 @@ async def two_centrals(checks: Checks, commander, observer) -> None:
         ended = await checks.wait_for(lambda: checks.failsafe() is None)
         applied = await checks.duty_at(4, 0.25)
         record(ended is not None and applied, "m9", "the observer's first command (PWM_VAL 4 = 250) ends the failsafe and applies: "
-               "channel 4 at 25 %", (checks.failsafe(), channel(checks.status(), 4)))
+               "channel 4 at 25 %", checks.explained(channel(checks.status(), 4)))
         # An ERROR is sent when its frame is decoded, and travels through
         # bluetoothd: one still on its way would be missed by a look now.
         # The ERROR a deliberately unknown command draws comes after any
