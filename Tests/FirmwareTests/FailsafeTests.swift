@@ -352,6 +352,31 @@ struct FailsafeWatchTests {
         loop.advance(to: t1 + .milliseconds(1251))
         #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 600 ms")
     }
+
+    @Test("Stall: the second look engages only on the transfer the first one saw, however late it fires")
+    func secondLookSameTransfer() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
+        let t0 = loop.now
+        probe.busySince = t0
+        watch.servoBusy(since: t0)
+        loop.pause(until: t0 + .milliseconds(700))
+        loop.run()
+        // Woken, the servo thread ends that transfer and starts the next;
+        // a second pause holds the loop past its grace look, until the
+        // newer transfer is itself 599 ms old.
+        loop.advance(to: t0 + .milliseconds(701))
+        probe.busySince = loop.now
+        loop.pause(until: t0 + .milliseconds(1300))
+        loop.run()
+        #expect(probe.engaged.isEmpty, "a newer transfer is sighted, not engaged")
+        loop.advance(to: t0 + .milliseconds(1301))
+        probe.busySince = nil
+        loop.advance(by: .seconds(2))
+        #expect(probe.engaged.isEmpty)
+        #expect(loop.pendingTimers == 0)
+    }
 }
 
 @Suite("Sessions on virtual time")

@@ -13,7 +13,8 @@ public final class FailsafeWatch: @unchecked Sendable {
     private let loop: any Scheduler
     /// A commander silent this long is failsafed (nil: never); a reload may change it.
     public var silenceTimeout: Duration?
-    /// The servo thread in one bus transfer this long engages the failsafe.
+    /// The servo thread in one bus transfer this long (seen twice,
+    /// ``stallGrace`` apart) engages the failsafe.
     public var stallTimeout: Duration
     /// When the quietest commander's last frame arrived (the hub's).
     private let lastFrame: () -> ContinuousClock.Instant?
@@ -89,27 +90,29 @@ public final class FailsafeWatch: @unchecked Sendable {
     /// SIGSTOP, a suspend) stops the servo thread in whatever transfer it
     /// was in and wakes it together with the loop: at that instant the
     /// transfer looks as old as the pause. Given a moment it finishes; a
-    /// hung adapter does not. A newer transfer is younger than the grace,
-    /// so the second look sees a stall only where the same transfer lasted
-    /// through both.
+    /// hung adapter does not. The second look engages only on the transfer
+    /// the first one saw (by its start), however late either look fires.
     var stallGrace: Duration { stallTimeout / 5 }
 
-    private func checkStall(seen: Bool = false) {
+    /// `sighted`: the start of the transfer an earlier look found stuck.
+    private func checkStall(sighted: ContinuousClock.Instant? = nil) {
         stallTimer = nil
         let now = loop.now
         if let busy = busyFor(now) {
+            // Exact: instants and durations are whole attoseconds.
+            let start = now - busy
             if busy >= stallTimeout {
-                guard seen else {
-                    stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(seen: true) }
+                guard start == sighted else {
+                    stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(sighted: start) }
                     return
                 }
                 engage("servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
                 // Keep watching the same transfer: it may never end.
-                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall(seen: true) }
+                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall(sighted: start) }
                 return
             }
             // A newer transfer: check it at its own deadline.
-            stallTimer = loop.schedule(at: now - busy + stallTimeout) { [weak self] in self?.checkStall() }
+            stallTimer = loop.schedule(at: start + stallTimeout) { [weak self] in self?.checkStall() }
             return
         }
         // Idle: the next transfer reports itself again.
