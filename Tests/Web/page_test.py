@@ -118,8 +118,21 @@ class Page:
         return value
 
     def navigate(self, url):
+        """Opens `url` and waits until its page is past 'loading'. The old
+        document is marked first: until the new one replaces it, a look
+        sees the old one, ready, and a click made then goes with it (a
+        chooser that never opened, in one CI run)."""
+        self.eval("window.blecontrolLeft = true")
         self.send("Page.navigate", {"url": url})
-        self.wait("document.readyState === 'complete' && document.body.dataset.state !== 'loading'")
+        ready = "!window.blecontrolLeft && document.readyState === 'complete' && !!document.body && document.body.dataset.state !== 'loading'"
+        for _ in range(TRIES):
+            try:
+                if self.eval(ready):
+                    return True
+            except RuntimeError:
+                pass  # the old document's context went while it was asked (ProtocolError is one)
+            self.browser.pump(0.1)
+        return False
 
     def viewport(self, width, height, mobile):
         self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
@@ -278,16 +291,31 @@ NAMED = {selector: texts[1] for selector, texts in LABELS.items()}
 LABEL_TEXTS = "Object.fromEntries(%s.map((s) => [s, document.querySelector(s).textContent]))" % json.dumps(list(LABELS))
 
 
+# What a FAIL of the chooser needs: the page's state and status line, and
+# what is under the middle of the Connect button.
+CONNECT_HIT = """(() => {
+    const r = document.getElementById('connect').getBoundingClientRect();
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return {state: document.body.dataset.state, status: document.getElementById('status').textContent,
+            button: [r.left, r.top, r.width, r.height], hit: hit ? hit.id || hit.tagName : null, url: location.href};
+})()"""
+
+
 def connect(browser, page):
     """Connect as a person does: a real click (requestDevice needs the
     user's gesture), then the board picked in the chooser (through
     DevTools). The chooser's devices once connected, else None."""
     since = len(browser.history)
     page.click("#connect")
+    # Input.dispatchMouseEvent returns once the page has handled the
+    # event, and the click handler sets 'connecting' before it awaits
+    # anything: a page still as it was did not get the click.
+    where = page.eval(CONNECT_HIT)
     prompt = browser.wait_event(lambda e: e.get("method") == "DeviceAccess.deviceRequestPrompted"
                                 and any(d["name"] == NAME for d in e["params"]["devices"]), since)
     if not check(prompt is not None, "the chooser lists the board (filter: service FFE0)",
-                 [e["params"] for e in browser.history[since:] if e.get("method") == "DeviceAccess.deviceRequestPrompted"]):
+                 {"prompts": [e["params"] for e in browser.history[since:] if e.get("method") == "DeviceAccess.deviceRequestPrompted"],
+                  "after the click": where, "now": page.eval(CONNECT_HIT)}):
         return None
     devices = prompt["params"]["devices"]
     page.send("DeviceAccess.selectPrompt", {"id": prompt["params"]["id"], "deviceId": next(d["id"] for d in devices if d["name"] == NAME)})
