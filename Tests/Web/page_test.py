@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "lib"))
 from rig.board import ble_sessions, channel, cli_status  # noqa: E402 - the rigs' one board client
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
-from cdp import Chromium  # noqa: E402
+from cdp import Chromium, ProtocolError  # noqa: E402
 
 URL, SHOTS, MONITOR, WEB_DIR, PROFILE, LOG, TLS_PORT = sys.argv[1:8]
 # The bridge's token, from the address `blecontrol web` printed.
@@ -118,21 +118,28 @@ class Page:
         return value
 
     def navigate(self, url):
-        """Opens `url` and waits until its page is past 'loading'. The old
-        document is marked first: until the new one replaces it, a look
-        sees the old one, ready, and a click made then goes with it (a
-        chooser that never opened, in one CI run)."""
-        self.eval("window.blecontrolLeft = true")
-        self.send("Page.navigate", {"url": url})
+        """Opens `url` and waits until its page is past 'loading'; raises
+        if it does not get there. The old document is marked first: until
+        the new one replaces it, a look sees the old one, ready, and a click
+        made then goes with it (a chooser that never opened, in one CI run)."""
+        def look(expression):
+            try:
+                return self.eval(expression)
+            except ProtocolError as error:
+                # The old document's context went while it was asked.
+                if "context" not in str(error).lower():
+                    raise
+                return None
+        look("window.blecontrolLeft = true")
+        sent = self.send("Page.navigate", {"url": url})
+        if sent.get("errorText"):
+            raise RuntimeError("navigating to %s: %s" % (url, sent["errorText"]))
         ready = "!window.blecontrolLeft && document.readyState === 'complete' && !!document.body && document.body.dataset.state !== 'loading'"
         for _ in range(TRIES):
-            try:
-                if self.eval(ready):
-                    return True
-            except RuntimeError:
-                pass  # the old document's context went while it was asked (ProtocolError is one)
+            if look(ready):
+                return
             self.browser.pump(0.1)
-        return False
+        raise RuntimeError("the page at %s never got past loading (%s)" % (url, look("[location.href, document.readyState, document.body && document.body.dataset.state]")))
 
     def viewport(self, width, height, mobile):
         self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
