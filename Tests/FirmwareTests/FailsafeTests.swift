@@ -317,36 +317,35 @@ struct FailsafeWatchTests {
         #expect(probe.engaged.first?.1 == t1 + .milliseconds(240))
     }
 
+    /// A transfer starts; the host runs neither thread for `pause`, so the
+    /// loop's first look at it fires late; 1 ms after both wake, the servo
+    /// thread ends it and, if `next`, starts another. Its start.
+    private func pausedTransfer(_ loop: ManualLoop, _ probe: Probe, _ watch: FailsafeWatch, pause: Duration, next: Bool) -> ContinuousClock.Instant {
+        let start = loop.now
+        probe.busySince = start
+        watch.servoBusy(since: start)
+        loop.pause(until: start + pause)
+        loop.run()
+        loop.advance(to: start + pause + .milliseconds(1))
+        probe.busySince = next ? loop.now : nil
+        return start
+    }
+
     @Test("Stall: a pause of the whole process (the loop wakes late, inside the servo thread's transfer) is not a stall when the transfer then ends")
     func pauseIsNotAStall() {
         let loop = ManualLoop()
         let probe = Probe()
         let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
-        let t0 = loop.now
-        probe.busySince = t0
-        watch.servoBusy(since: t0)
-        // The host ran neither thread for 700 ms: the loop's timer fires
-        // late and finds the transfer 700 ms old.
-        loop.pause(until: t0 + .milliseconds(700))
-        loop.run()
-        #expect(probe.engaged.isEmpty)
-        // The servo thread, woken too, finishes it at once.
-        loop.advance(to: t0 + .milliseconds(701))
-        probe.busySince = nil
+        // Found 700 ms old by a late look, then ended at once.
+        _ = pausedTransfer(loop, probe, watch, pause: .milliseconds(700), next: false)
         loop.advance(by: .seconds(2))
         #expect(probe.engaged.isEmpty)
         #expect(probe.acknowledged == 1)
         #expect(loop.pendingTimers == 0)
 
-        // Paused again; woken, the servo thread ends that transfer and
-        // starts the next, which is judged on its own age.
-        let t1 = loop.now
-        probe.busySince = t1
-        watch.servoBusy(since: t1)
-        loop.pause(until: t1 + .milliseconds(650))
-        loop.run()
-        loop.advance(to: t1 + .milliseconds(651))
-        probe.busySince = loop.now
+        // Paused again; the transfer the servo thread starts on waking is
+        // judged on its own age.
+        let t1 = pausedTransfer(loop, probe, watch, pause: .milliseconds(650), next: true)
         loop.advance(to: t1 + .milliseconds(1250))
         #expect(probe.engaged.isEmpty)
         loop.advance(to: t1 + .milliseconds(1251))
@@ -358,16 +357,9 @@ struct FailsafeWatchTests {
         let loop = ManualLoop()
         let probe = Probe()
         let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
-        let t0 = loop.now
-        probe.busySince = t0
-        watch.servoBusy(since: t0)
-        loop.pause(until: t0 + .milliseconds(700))
-        loop.run()
-        // Woken, the servo thread ends that transfer and starts the next;
-        // a second pause holds the loop past its grace look, until the
-        // newer transfer is itself 599 ms old.
-        loop.advance(to: t0 + .milliseconds(701))
-        probe.busySince = loop.now
+        // A second pause holds the loop past its grace look, until the
+        // transfer begun on waking is itself 599 ms old.
+        let t0 = pausedTransfer(loop, probe, watch, pause: .milliseconds(700), next: true)
         loop.pause(until: t0 + .milliseconds(1300))
         loop.run()
         #expect(probe.engaged.isEmpty, "a newer transfer is sighted, not engaged")
