@@ -149,11 +149,25 @@ arm64_timed() { # LABEL CMD...: runs CMD, prints and records how long it took
 "
 }
 
+# sid moves several times a day, and a mirror being synced fails a download
+# for a while: stop 43's next CI run failed making the toolchain root ("apt
+# download failed"), and the same command passed minutes later. One more
+# try a minute on, into an emptied target (always inside the cache's .tmp).
+arm64_mmdebstrap() { # OPTIONS... SUITE TARGET MIRROR, as mmdebstrap takes them
+    eval "target=\${$(($# - 1))}"
+    case $target in "$cache_root"/*.tmp/*) ;; *) echo "build-arm64: refusing to retry into $target" >&2; return 1 ;; esac
+    mmdebstrap "$@" && return 0
+    echo "build-arm64: mmdebstrap failed (above); once more in 60 s" >&2
+    sleep 60
+    rm -rf "$target"
+    mmdebstrap "$@"
+}
+
 arm64_make_toolchain() { # DIR
     # --variant=apt: dpkg + apt + swiftlang's own dependencies (binutils, gcc,
     # libswiftlang). libc6-dev: SwiftPM links each Package.swift natively,
     # and gcc only recommends it. git: SwiftPM clones the dependencies.
-    mmdebstrap --quiet --variant=apt --mode=root \
+    arm64_mmdebstrap --quiet --variant=apt --mode=root \
         --aptopt='Acquire::Check-Valid-Until "false"' \
         --include="swiftlang=$arm64_swift_version,$(echo $arm64_toolchain_packages | tr ' ' ,)" \
         sid "$1" "$mirror"
@@ -190,7 +204,7 @@ arm64_make_sdk() { # DIR TOOLCHAIN-ROOT
     mkdir -p "$bundle/bookworm"
     # --variant=extract: the packages and their dependencies are unpacked,
     # no maintainer script runs, so no arm64 code runs and no qemu is needed.
-    mmdebstrap --quiet --variant=extract --mode=root --architectures=arm64 \
+    arm64_mmdebstrap --quiet --variant=extract --mode=root --architectures=arm64 \
         --include="$(echo $arm64_sysroot_packages | tr ' ' ,)" bookworm "$sysroot" "$mirror"
 
     # bookworm's -dev links are absolute (libm.so -> /lib/aarch64-linux-gnu/
@@ -281,7 +295,7 @@ arm64_merge_usr() { # ROOT
 arm64_make_run_root() { # DIR SUITE PACKAGES...
     dir=$1 suite=$2; shift 2
     mkdir -p "$dir"
-    mmdebstrap --quiet --variant=extract --mode=root --architectures=arm64 \
+    arm64_mmdebstrap --quiet --variant=extract --mode=root --architectures=arm64 \
         --aptopt='Acquire::Check-Valid-Until "false"' \
         --include="$(echo "$@" | tr ' ' ,)" "$suite" "$dir" "$mirror"
     arm64_merge_usr "$dir"
