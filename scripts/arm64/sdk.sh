@@ -149,10 +149,11 @@ arm64_timed() { # LABEL CMD...: runs CMD, prints and records how long it took
 "
 }
 
-# sid moves several times a day, and a mirror being synced fails a download
-# for a while: stop 43's next CI run failed making the toolchain root ("apt
-# download failed"), and the same command passed minutes later. One more
-# try a minute on, into an emptied target (always inside the cache's .tmp).
+# sid moves several times a day, and a mirror being synced may fail a
+# download for a while: one more try a minute on, into an emptied target
+# (always inside the cache's .tmp). (The "apt download failed" that first
+# looked like that, in ci20 and ci21, was descriptors scripts/test had
+# left open; see there.)
 arm64_mmdebstrap() { # OPTIONS... SUITE TARGET MIRROR, as mmdebstrap takes them
     eval "target=\${$(($# - 1))}"
     case $target in "$cache_root"/*.tmp/*) ;; *) echo "build-arm64: refusing to retry into $target" >&2; return 1 ;; esac
