@@ -226,7 +226,7 @@ def check_boot(disk):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--disk", required=True, help="copy of the disk before the first boot; replayed onto in place")
+    parser.add_argument("--disk", required=True, help="the disk before the first boot (read once: its partitions are copied into --work and replayed onto there)")
     parser.add_argument("--log", required=True, help="the blklogwrites log of the boots")
     parser.add_argument("--root-offset", type=int, required=True)
     parser.add_argument("--boot-offset", type=int, required=True)
