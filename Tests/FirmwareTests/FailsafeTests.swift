@@ -60,6 +60,15 @@ final class RunningBoard {
     deinit { runtime.stop() }
 
     func pulse(_ output: Int) -> Double { chip.output(channel: output).pulseWidth.value }
+    /// `output`'s pulse widths in the chip's history, in µs, oldest first.
+    func pulses(_ output: Int) -> [Int] { chip.history(channel: output).map { Int($0.pulseWidth.value.rounded()) } }
+    /// Whether `output`'s last outputs were `expected` (µs, within 5; 0 is
+    /// none), in order: an ESC's throttle, its neutral pulse, then none,
+    /// however briefly a loaded machine let a poll see the neutral pulse.
+    func ended(_ output: Int, with expected: [Int]) -> Bool {
+        let last = pulses(output).suffix(expected.count)
+        return last.count == expected.count && zip(last, expected).allSatisfy { $1 == 0 ? $0 == 0 : abs($0 - $1) < 5 }
+    }
     func duty(_ output: Int) -> Double { chip.output(channel: output).duty }
     func servo() throws -> StatusReport.Servo { try #require(try runtime.status().servo) }
 
@@ -439,9 +448,7 @@ struct FailsafeTests {
         // The ESC's last outputs, in order: its throttle, the neutral pulse
         // (however briefly a loaded machine let a test see it), then none.
         // How long the dwell lasts is ServoEngineTests' business, on virtual time.
-        let esc = board.chip.history(channel: 4).map { Int($0.pulseWidth.value.rounded()) }
-        #expect(esc.suffix(3).count == 3 && abs(esc.suffix(3).first! - 1600) < 5 && abs(esc.suffix(2).first! - 1000) < 5 && esc.last == 0,
-                "ESC outputs \(esc): throttle, neutral, off")
+        #expect(board.ended(4, with: [1600, 1000, 0]), "ESC outputs \(board.pulses(4)): throttle, neutral, off")
         #expect(eventually { board.runtime.emulators?.lcd?.lcd.lines.first?.hasPrefix("FAILSAFE") == true })
         #expect(try board.runtime.status().lcd?.overlay == "failsafe")
 
