@@ -653,6 +653,33 @@ async def restart_daemon(board, log_name):
     return await wait_for(lambda: "advertising" in ble_state(status()), 0.3)
 
 
+async def acquiring_write(char):
+    """The write that makes bluetoothd acquire the socket, and what became of it.
+
+    bluetoothd 5.66 passes that write on once the board has answered, from
+    its ATT receive buffer (its pending write keeps a pointer, not a copy:
+    docs/protocol.md, ble.acquire_write). If bluetoothd read another ATT
+    packet meanwhile, as it does on a busy machine while discovering this
+    central's services, the board gets that packet's bytes. So the first
+    write is INIT, whose loss costs nothing, and this returns once the board
+    has dealt with it (decoded, refused, or dropped as partial): the frames
+    after it start clean. (The AcquireWrite benchmark once sent its enable
+    frame first and lost it: its channel never moved, ci32.)"""
+    def handled(counters):
+        return counters["frames"] + counters["errors"] + counters["discarded_partials"]
+    before = status()["counters"]
+    await char.write_value(rig.board.init_frame(), with_response=True)
+    def counters_once_handled():
+        counters = status()["counters"]
+        return counters if handled(counters) > handled(before) else None
+    after = await wait_for(counters_once_handled)
+    if after is None:
+        return "not dealt with by the board within the wait (counters before %s)" % before
+    if after["frames"] == before["frames"] + 1 and handled(after) == handled(before) + 1:
+        return "arrived intact"
+    return "replaced by other bytes (counters before %s, after %s)" % (before, after)
+
+
 async def acquire(device):
     """The daemon with ble.acquire_write: true (the WriteAcquired property):
     bluetoothd acquires the write socket on the first write command and
@@ -665,28 +692,7 @@ async def acquire(device):
     if not record(result is not None, "v21", "connected to the AcquireWrite daemon, FFE1 subscribed"):
         return
     connection, peer, char, notifications, entry = result
-    # The write that makes bluetoothd acquire the socket is passed on once the
-    # board has answered, from bluetoothd 5.66's ATT receive buffer (its
-    # pending write keeps a pointer, not a copy: docs/protocol.md,
-    # ble.acquire_write). If bluetoothd read another ATT packet meanwhile, as
-    # it does on a busy machine while discovering this central's services, the
-    # board gets that packet's bytes. So the first write is INIT, whose loss
-    # costs nothing; what became of it is a figure, and the checks start once
-    # the board has dealt with it (decoded, refused, or dropped as partial).
-    def handled(counters):
-        return counters["frames"] + counters["errors"] + counters["discarded_partials"]
-    before = status()["counters"]
-    await char.write_value(rig.board.init_frame(), with_response=True)
-    def counters_once_handled():
-        counters = status()["counters"]
-        return counters if handled(counters) > handled(before) else None
-    after = await wait_for(counters_once_handled)
-    if after is None:
-        outcome = "not dealt with by the board within the wait (counters before %s)" % before
-    elif after["frames"] == before["frames"] + 1 and handled(after) == handled(before) + 1:
-        outcome = "arrived intact"
-    else:
-        outcome = "replaced by other bytes (counters before %s, after %s)" % (before, after)
+    outcome = await acquiring_write(char)
     say("FIGURE the write that made bluetoothd acquire the socket (INIT 00 00): " + outcome)
     notifications.clear()
     await char.write_value(rig.board.enable_frame(0), with_response=True)
