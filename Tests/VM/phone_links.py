@@ -24,12 +24,18 @@ import re
 import time
 
 from bumble import hci
-from bumble.core import UUID
+from bumble.core import UUID, BaseError
 from bumble.pairing import PairingConfig, PairingDelegate
 from rig.board import enable_frame, pwm_frame, servo_frame, switch_frame  # scripts/lib, on the path ble_central.py set
 
 CONNECTION_TIMEOUT = 0x08  # HCI error code: Connection Timeout (Core 5.3 Vol 1 Part F 1.3)
 DATABASE_HASH = UUID.from_16_bits(0x2B2A)
+
+
+def told(error):
+    """An error as a reader wants it: Bumble's protocol errors say their
+    code and name only in str() (repr() gives "ProtocolError()")."""
+    return str(error) if isinstance(error, BaseError) else repr(error)
 
 
 def enable_frames():
@@ -182,13 +188,13 @@ async def reconnect_bonded(device, central, phone, handle, value, name=None):
     try:
         await asyncio.wait_for(connection.encrypt(), 20)
     except (Exception, asyncio.CancelledError) as error:
-        return connection, "encryption: %r" % error
+        return connection, "encryption: %s" % told(error)
     try:
         await connection.gatt_client.write_value(handle, enable_frames(), with_response=True)
         await connection.gatt_client.write_value(handle, servo_frame(0, value), with_response=True)
     except (Exception, asyncio.CancelledError) as error:
         # A link dropped mid-write cancels the request (Bumble).
-        return connection, "write to cached handle 0x%04X: %r" % (handle, error)
+        return connection, "write to cached handle 0x%04X: %s" % (handle, told(error))
     return connection, None
 
 
@@ -204,7 +210,7 @@ async def database_hash(connection):
         values = await connection.gatt_client.read_characteristics_by_uuid(DATABASE_HASH, None)
         return values[0].hex() if values else None
     except Exception as error:
-        return "unreadable (%r)" % error
+        return "unreadable (%s)" % told(error)
 
 
 async def pairing(device, central, phone):
@@ -247,7 +253,7 @@ async def pairing_steps(device, central, phone):
     code = getattr(refused, "error_code", None)
     central.record(refused is not None and near(before, 1100) and near(pulse(central, 0), before), "q3",
                    "unbonded: the write with response is refused (ATT error 0x%02X) and the write without response "
-                   "before it moved nothing (ch0 %d us)" % (code or 0, pulse(central, 0)), repr(refused))
+                   "before it moved nothing (ch0 %d us)" % (code or 0, pulse(central, 0)), told(refused))
     handle = char.handle
 
     # A wrong passkey: pairing fails, the board keeps advertising.
@@ -260,8 +266,8 @@ async def pairing_steps(device, central, phone):
     except Exception as error:
         failed = error
     central.record(failed is not None and keyboard.shown is not None, "q4",
-                   "a wrong passkey (the LCD showed %s, the phone typed another): pairing fails (%r)"
-                   % (keyboard.shown[0] if keyboard.shown else "nothing", failed))
+                   "a wrong passkey (the LCD showed %s, the phone typed another): pairing fails (%s)"
+                   % (keyboard.shown[0] if keyboard.shown else "nothing", told(failed)))
     await central.disconnect(device, connection)
     cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status()["lcd"]["lines"])
                                      and not central.ble_sessions(central.status()))
@@ -298,8 +304,8 @@ async def pairing_steps(device, central, phone):
     took = time.monotonic() - started
     shown = keyboard.shown[1] if keyboard.shown else {}
     central.record(error is None and keyboard.shown is not None and "passkey %s" % keyboard.shown[0] in central.ble_state(shown),
-                   "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (also in status: '%s'); "
-                   "bonded in %.2f s" % (central.ble_state(shown), took), repr(error))
+                   "q7", "LE Secure Connections, passkey entry: the phone typed the passkey the LCD showed (%s; in status: '%s'); "
+                   "bonded in %.2f s" % (keyboard.shown[0] if keyboard.shown else "none", central.ble_state(shown), took), told(error))
     central.say("FIGURE pairing (passkey shown -> typed -> bonded, under TCG): %.2f s" % took)
     # The passkey leaves the status at once, the LCD when its thread has
     # redrawn the lines: wait for both.
@@ -323,7 +329,7 @@ async def pairing_steps(device, central, phone):
     servos = pulses(report)
     central.record(answered == 10 and all(abs(us - 1600) < 5 for us in servos), "q9",
                    "bonded and encrypted, from a private address, allowed by its identity address: the demo app's session applied "
-                   "(%d writes answered, servos %s)" % (answered, servos), repr(error))
+                   "(%d writes answered, servos %s)" % (answered, servos), told(error))
     hash_before = await database_hash(connection)
     await central.disconnect(device, connection)
     await central.wait_for(lambda: not central.ble_sessions(central.status()))
