@@ -98,6 +98,13 @@ final class LockedBox<Value>: @unchecked Sendable {
         get { lock.withLock { stored } }
         set { lock.withLock { stored = newValue } }
     }
+    /// Puts `newValue` in and gives back what was there, in one step.
+    func swap(_ newValue: Value) -> Value {
+        lock.withLock {
+            defer { stored = newValue }
+            return stored
+        }
+    }
 }
 
 /// One PCA9685 step at 50 Hz (datasheet §7.3.5: prescale 121 at 25 MHz).

@@ -501,27 +501,53 @@ struct FailsafeTests {
         let frozen = try LoopbackTCPClient(port: board.port)
         try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
         #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
-        let busy = try LoopbackTCPClient(port: board.port)
-        // A switch frame after another (the review's SWITCH_VAL central),
-        // until the failsafe engages; bounded by tries, not a clock.
-        var reason: String?
-        for round in 0..<200_000 where reason == nil {
-            try busy.send(FrameEncoder.encode(.switchValue(index: 0, on: round % 2 == 0)))
-            usleep(1000)
-            if round % 10 == 0 { reason = try board.servo().failsafe }
+        // The busy central (the review's SWITCH_VAL central) sends a switch
+        // frame every millisecond from its own thread, from here to the
+        // end: it must never be silent itself. When the test's thread did
+        // the sending, a loaded machine could keep it away for the timeout
+        // while it read the status, and the busy central's own failsafe
+        // then rightly ended at its next switch frame (issue 36).
+        let port = board.port
+        let next = LockedBox<[Message]>([])
+        let sentWithNext = LockedBox<Int?>(nil)
+        let stop = LockedBox(false)
+        let sender = Thread {
+            guard let busy = try? LoopbackTCPClient(port: port) else { return }
+            var sent = 0
+            while !stop.value {
+                let extra = next.swap([])
+                var bytes = FrameEncoder.encode(.switchValue(index: 0, on: sent % 2 == 0))
+                for message in extra { FrameEncoder.encode(message, into: &bytes) }
+                if (try? busy.send(bytes)) == nil { break }
+                sent += 1 + extra.count
+                if !extra.isEmpty { sentWithNext.value = sent }
+                usleep(1000)
+            }
         }
+        sender.start()
+        defer {
+            stop.value = true
+            _ = eventually { sender.isFinished }
+        }
+        /// Has the busy central send `messages` beside its switch frames,
+        /// then waits until the board has dealt with every frame both
+        /// centrals sent up to them.
+        func sendBusy(_ messages: [Message]) throws {
+            sentWithNext.value = nil
+            next.value = messages
+            let sent = eventuallyValue { sentWithNext.value }
+            #expect(sent != nil, "the busy central's sender stopped")
+            try board.settle(frames: 2 + (sent ?? 0))
+        }
+        let reason = eventuallyValue { try? board.servo().failsafe }
         #expect(reason?.hasPrefix("central silent: tcp 127.0.0.1:") == true, "\(String(describing: reason))")
         #expect(reason?.hasSuffix("(channel 0)") == true, "the frozen central's channel, not the busy one's switch: \(String(describing: reason))")
         #expect(eventually { abs(board.pulse(0) - 2000) < 5 }, "a servo's failsafe is hold: it stays where it was")
         // Another central's text and its own switch end nothing; taking
-        // channel 0 over does. A round trip through the same connection
-        // (the settle's INIT) shows the first two were dealt with.
-        var frames = try board.runtime.status().counters.frames
-        try busy.send(FrameEncoder.encode(.lcdText(line: 0, text: Array("busy".utf8))) + FrameEncoder.encode(.switchValue(index: 0, on: true)))
-        frames += 2
-        try board.settle(frames: frames)
+        // channel 0 over does.
+        try sendBusy([.lcdText(line: 0, text: Array("busy".utf8))])
         #expect(try board.servo().failsafe == reason, "another central's frames for its own outputs did not end it")
-        try busy.send(FrameEncoder.encode(.servo(channel: 0, value: 500)))
+        try sendBusy([.servo(channel: 0, value: 500)])
         #expect(eventually { (try? board.servo().failsafe) == nil && abs(board.pulse(0) - 1500) < 5 })
         _ = frozen
     }
