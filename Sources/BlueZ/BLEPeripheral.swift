@@ -495,7 +495,7 @@ public final class BLEPeripheral: @unchecked Sendable {
             connection.export(path: Self.agentPath, interfaces: [GATTObjects.agent(
                 justWorks: configuration.security == .encrypted,
                 show: { [weak self] device, passkey in self?.showPasskey(passkey, for: device) },
-                showing: { [weak self] in self?.pairing?.device },
+                showing: { [weak self] in self?.pairing },
                 end: { [weak self] in self?.pairingEnded() },
                 released: { [weak self] in self?.feed(.agentReleased) }
             )])

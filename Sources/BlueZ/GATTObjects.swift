@@ -148,7 +148,7 @@ enum GATTObjects {
     /// RequestAuthorization) is accepted with `justWorks` (`ble.security:
     /// encrypted`), refused otherwise: it is not MITM-protected (Core 5.3
     /// Vol 3 Part H 2.3.5.1).
-    static func agent(justWorks: Bool, show: @escaping (_ device: String, _ passkey: String) -> Void, showing: @escaping () -> String?, end: @escaping () -> Void, released: @escaping () -> Void) -> DBusInterface {
+    static func agent(justWorks: Bool, show: @escaping (_ device: String, _ passkey: String) -> Void, showing: @escaping () -> (device: String, passkey: String)?, end: @escaping () -> Void, released: @escaping () -> Void) -> DBusInterface {
         let agent = DBusInterface("org.bluez.Agent1")
         agent.method("Release") { call in
             call.reply()
@@ -159,9 +159,14 @@ enum GATTObjects {
         agent.method("DisplayPasskey", in: "ouq") { call in
             defer { call.reply() }
             guard let device = call.arguments[0].stringValue, case .uint32(let passkey) = call.arguments[1] else { return }
-            // Called again as the central types each digit (`entered`); show it once.
-            guard showing() != device else { return }
-            show(device, sixDigits(passkey))
+            // Called again, with the same passkey, as the central types each
+            // digit (`entered`): show it once. A new passkey for the same
+            // device is a new pairing on the same link (a phone that failed
+            // once and tries again; bluetoothd sends no Cancel for a
+            // display): it replaces the old one.
+            let digits = sixDigits(passkey)
+            if let shown = showing(), shown.device == device, shown.passkey == digits { return }
+            show(device, digits)
         }
         agent.method("DisplayPinCode", in: "os") { call in
             defer { call.reply() }

@@ -380,10 +380,15 @@ struct BLEPeripheralTests {
             try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(0)])
             try agent("DisplayPasskey", [.objectPath(device), .uint32(4321), .uint16(3)])
             #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321"])
+            // That pairing failed, and the phone tries again on the same link
+            // (bluetoothd cancels nothing at a display): the new passkey
+            // replaces the one the user could no longer use.
+            try agent("DisplayPasskey", [.objectPath(device), .uint32(20344), .uint16(0)])
+            #expect(events.passkeys.all == ["dev_00_00_00_02_00_01 004321", "dev_00_00_00_02_00_01 020344"])
             // Also in status, for a board without an LCD.
-            #expect(ble.stateDescription.contains("pairing: passkey 004321"))
+            #expect(ble.stateDescription.contains("pairing: passkey 020344"))
             bluez.connection.emitPropertiesChanged(path: device, interface: "org.bluez.Device1", changed: [("Paired", .bool(true))])
-            #expect(eventually { events.passkeys.all.count == 2 })
+            #expect(eventually { events.passkeys.all.count == 3 })
             #expect(events.passkeys.all.last == "dev_00_00_00_02_00_01 -")
             #expect(!ble.stateDescription.contains("passkey"))
 
