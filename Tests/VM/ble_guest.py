@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # the root file system is read-only here
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vmrig import SYSTEM_PATH, alive, mount, read_env_file, rig, signal_pid, tail  # noqa: E402
+from vmrig import SYSTEM_PATH, alive, make_work_dir, mount, read_env_file, rig, signal_pid, tail  # noqa: E402
 
 WORK = Path("/run/blecontrol-vm/ble")
 BLUETOOTHD = "/usr/libexec/bluetooth/bluetoothd"
@@ -435,13 +435,7 @@ class BleGuest:
         daemon.wait()
 
     def run(self) -> int:
-        WORK.mkdir(parents=True, exist_ok=True)
-        # The daemon's socket and instance lock live here: a directory others
-        # may write is refused, whatever the guest's umask.
-        for directory in (WORK, *WORK.parents):
-            if directory == Path("/run"):
-                break
-            directory.chmod(0o755)
+        make_work_dir(WORK)
         result = rig.run(["modprobe", "hci_vhci"], check=False, capture=True)
         if result.returncode != 0 or not Path("/dev/vhci").is_char_device():
             self.results.fails("ble-setup", "hci_vhci loaded, /dev/vhci present", result.stderr)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # the root file system is read-only here
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vmrig import (Daemon, GpioSim, I2CBus, SYSTEM_PATH, command_why, mount,  # noqa: E402
+from vmrig import (Daemon, GpioSim, I2CBus, SYSTEM_PATH, command_why, make_work_dir, mount,  # noqa: E402
                    read_env_file, rig, signal_pid, status_holds, tail)
 
 WORK = Path("/run/blecontrol-vm")
@@ -610,13 +610,7 @@ control:
             self.daemon.kill()
 
     def run(self) -> int:
-        WORK.mkdir(parents=True, exist_ok=True)
-        # The daemon's socket and instance lock live here: a directory others
-        # may write is refused, whatever the guest's umask.
-        for directory in (WORK, *WORK.parents):
-            if directory == Path("/run"):
-                break
-            directory.chmod(0o755)
+        make_work_dir(WORK)
         self.check("r1", "board/raspberry-pi.yaml without its devices: clear refusal, exit status 1-123",
                    self.rpi_board_fails_clearly)
         self.check("setup-i2c", "i2c-stub (0x40, 0x41, 0x27) and i2c-dev loaded, stub bus found by name",

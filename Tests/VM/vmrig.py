@@ -184,6 +184,17 @@ class GpioSim:
         (self.sysfs() / f"sim_gpio{line}" / "pull").write_text(f"{pull}\n")
 
 
+def make_work_dir(work: Path) -> None:
+    """Creates `work` for a daemon's socket and instance lock: the daemon
+    refuses a directory others may write, whatever the guest's umask, so
+    it and its parents up to /run are made 0755."""
+    work.mkdir(parents=True, exist_ok=True)
+    for directory in (work, *work.parents):
+        if directory == Path("/run"):
+            break
+        directory.chmod(0o755)
+
+
 def mount(kind: str, target: str, source: str = "none") -> bool:
     """mount -t kind source target unless target is a mount point already."""
     return os.path.ismount(target) or rig.succeeds(["mount", "-t", kind, source, target])
