@@ -143,7 +143,9 @@ async def pair_typing(device, connection, keyboard):
                                                             identity_address_type=PairingConfig.AddressType.PUBLIC)
     try:
         await asyncio.wait_for(connection.pair(), 60)
-    except Exception as error:
+    except (Exception, asyncio.CancelledError) as error:
+        # A link dropped mid-pairing cancels it (Bumble), as in
+        # reconnect_bonded: a failed check, not a broken phase.
         return error
     return None
 
