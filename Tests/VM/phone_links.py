@@ -283,14 +283,13 @@ async def pairing_steps(device, central, phone):
     # write that needs encryption: the kernel makes a new passkey, and the
     # LCD must show it (bluetoothd cancels nothing at a display, so a board
     # that kept the first passkey on screen could never be paired on this
-    # link). Wrong again, to keep the bond for q7.
-    if keyboard.shown is not None and not connection.is_encrypted:
-        first = keyboard.shown[0]
-        keyboard = Keyboard(central, wrong=True, not_this=first)
-        failed = await pair_typing(device, connection, keyboard)
-        central.record(failed is not None and keyboard.shown is not None, "q4b",
-                       "the phone tries again on the same link: the LCD shows the new passkey (%s, the first was %s); "
-                       "a wrong one fails again (%s)" % (keyboard.shown[0] if keyboard.shown else "never shown", first, told(failed)))
+    # link). Wrong again, so that the phone first bonds in q7.
+    first = keyboard.shown[0] if keyboard.shown else None
+    keyboard = Keyboard(central, wrong=True, not_this=first)
+    failed = await pair_typing(device, connection, keyboard)
+    central.record(failed is not None and first is not None and keyboard.shown is not None, "q4b",
+                   "the phone tries again on the same link: the LCD shows the new passkey (%s, the first was %s); "
+                   "a wrong one fails again (%s)" % (keyboard.shown[0] if keyboard.shown else "never shown", first, told(failed)))
     await central.disconnect(device, connection)
     cleared = await central.wait_for(lambda: not any(l.startswith("PIN ") for l in central.status()["lcd"]["lines"])
                                      and not central.ble_sessions(central.status()))
