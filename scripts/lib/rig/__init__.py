@@ -314,6 +314,16 @@ def private_apt(directory: "str | os.PathLike[str]", native: str, architectures:
     return {**os.environ, "APT_CONFIG": str(Path(directory) / "apt.conf")}
 
 
+def qemu_user_ready() -> None:
+    """Makes arm64 programs runnable here through qemu-user and exports the
+    core it emulates (QEMU_CPU) to this process and its children:
+    scripts/lib/qemu-user.sh, the one implementation, says which and why. A
+    chroot that clears its environment must pass QEMU_CPU on."""
+    cpu = sh('. "$1/scripts/lib/qemu-user.sh"; qemu_user_ready >&2 && printf %s "$QEMU_CPU"',
+             REPO, capture=True).stdout.strip()
+    os.environ["QEMU_CPU"] = cpu
+
+
 def candidate_versions(env: dict[str, str], packages: Iterable[str]) -> "str | None":
     """`package version` lines, the candidate of each package in the
     archive that env's apt configuration reads (private_apt): what keys a
