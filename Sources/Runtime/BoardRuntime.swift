@@ -285,16 +285,20 @@ public final class BoardRuntime: @unchecked Sendable {
         return cleared
     }
 
-    /// On the loop: a commander left or went silent with `outputs`. A
-    /// failsafe engaged for another reason stays one that any command ends.
+    /// On the loop: a commander left or went silent with `outputs`. Its
+    /// failsafe ends only when a central takes one of them over, also when
+    /// it joins a failsafe that any command would end (a stall, a fault):
+    /// the failsafe holds for this commander from then on, or the next
+    /// command another central gives its own outputs would end it (issue
+    /// 36). Joining another commander's, it keeps that one's reason.
     private func commanderFailsafe(_ reason: String, _ outputs: [Dispatcher.Output]) {
         guard let servo = parts.servo else { return }
-        if servo.failsafeReason == nil {
-            failsafeOutputs = Set(outputs)
-        } else if failsafeOutputs != nil {
-            failsafeOutputs?.formUnion(outputs)
+        if let pending = failsafeOutputs, servo.failsafeReason != nil {
+            failsafeOutputs = pending.union(outputs)
+            return
         }
-        servo.engageFailsafe(reason: reason)
+        failsafeOutputs = Set(outputs)
+        servo.holdFailsafe(reason: reason)
     }
 
     /// "central left: tcp 127.0.0.1:40000 (channels 0, 4; switch 1)": what

@@ -552,6 +552,29 @@ struct FailsafeTests {
         _ = frozen
     }
 
+    @Test("A commander's silence during another failsafe (a stall, a fault) is kept: another central's command of its own output ends neither, taking the silent one's channel over ends both")
+    func silenceDuringAnotherFailsafe() throws {
+        let board = try RunningBoard(yaml: testBoard(silenceMs: 1000))
+        let frozen = try LoopbackTCPClient(port: board.port)
+        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        // What the stall watch and a lasting I2C fault do: a failsafe that
+        // any command ends. The frozen central then goes silent under it.
+        board.runtime.engageFailsafe(reason: "servo thread stalled in a bus write for 600 ms")
+        let reason = eventuallyValue { (try? board.servo().failsafe).flatMap { $0.hasPrefix("central silent") ? $0 : nil } }
+        #expect(reason?.hasPrefix("central silent: tcp 127.0.0.1:") == true && reason?.hasSuffix("(channel 0)") == true,
+                "the silence, not the stall, is what holds the failsafe now: \(String(describing: try? board.servo().failsafe))")
+        // Another central commands its own channel: the stall alone would
+        // end there; the frozen central's channel keeps it.
+        let other = try LoopbackTCPClient(port: board.port)
+        try other.send(FrameEncoder.encode(.enable(channel: 3, on: true)) + FrameEncoder.encode(.servo(channel: 3, value: 100)))
+        try board.settle(frames: 4)
+        #expect(try board.servo().failsafe == reason, "another central's command of its own output did not end it")
+        try other.send(FrameEncoder.encode(.servo(channel: 0, value: 500)))
+        #expect(eventually { (try? board.servo().failsafe) == nil && abs(board.pulse(0) - 1500) < 5 })
+        _ = frozen
+    }
+
     @Test("Silent TCP connections cannot lock a central out: they never fill the last slots, and each is closed after its deadline")
     func silentConnectionsLeaveRoom() throws {
         let board = try RunningBoard(yaml: testBoard())

@@ -219,6 +219,14 @@ struct ServoEngine {
         return true
     }
 
+    /// The failsafe that holds now holds for `reason`; the outputs stay as
+    /// it put them. False when none holds.
+    mutating func restateFailsafe(reason: String) -> Bool {
+        guard failsafe != nil else { return false }
+        failsafe?.reason = reason
+        return true
+    }
+
     /// A central is in control again: the failsafe is over. Outputs stay
     /// where the failsafe put them until new values come.
     mutating func clearFailsafe() -> ServoPath.Failsafe? {

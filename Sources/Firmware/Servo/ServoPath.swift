@@ -276,6 +276,24 @@ public final class ServoPath: @unchecked Sendable {
         onFailsafe?(reason)
     }
 
+    /// Engages the failsafe for `reason`, or, when one holds already, makes
+    /// `reason` the one it holds for (outputs untouched: they are in their
+    /// failsafe state). For a cause that outlasts the one before it: a
+    /// commander silent or gone during a stall or a fault, whose failsafe
+    /// only a central taking its outputs over may end.
+    public func holdFailsafe(reason: String, at now: ContinuousClock.Instant = .now) {
+        let changed = condition.withLock { () -> Bool in
+            if engine.engageFailsafe(reason: reason, at: now) {
+                condition.signal()
+                return true
+            }
+            return engine.failsafe?.reason != reason && engine.restateFailsafe(reason: reason)
+        }
+        guard changed else { return }
+        logger.warning("failsafe: \(reason)")
+        onFailsafe?(reason)
+    }
+
     /// A central is in control again (it sent an accepted frame): the
     /// failsafe is over. Returns what was cleared, if anything.
     @discardableResult
