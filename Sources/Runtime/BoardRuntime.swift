@@ -34,9 +34,18 @@ public final class BoardRuntime: @unchecked Sendable {
     private let control: ControlServer
     private let controlSocketPath: String
     var watch: FailsafeWatch?
-    /// The outputs whose commander left or went silent while the failsafe
-    /// holds: a command of one of them ends it (nil: any command does).
-    var failsafeOutputs: Set<Dispatcher.Output>?
+    /// A commander that left or went silent, and the outputs it was in
+    /// control of: a central's command of one of them ends this hold.
+    struct FailsafeHold {
+        var reason: String
+        var outputs: Set<Dispatcher.Output>
+    }
+    /// Who the failsafe holds for, oldest first; the failsafe ends when the
+    /// last one does. Their outputs never overlap (taking an output over
+    /// ends its hold), so there are at most as many as outputs. A failsafe
+    /// that holds with none is one for a fault, a stall or a signal, which
+    /// any central's command ends.
+    var failsafeHolds: [FailsafeHold] = []
     private var indicator: StatusIndicator?
     var transportState = StatusReport.Transports()
     /// The pairing passkey on display (nil: none): never published, shown
@@ -243,8 +252,19 @@ public final class BoardRuntime: @unchecked Sendable {
             // ends when a central takes one of those outputs over; another
             // central's commands of its own outputs end nothing (issue 36).
             // Any other failsafe (a fault, a stall) ends with any command.
-            if let pending = failsafeOutputs, pending.isDisjoint(with: taken) { return }
-            endFailsafe()
+            guard !failsafeHolds.isEmpty else {
+                endFailsafe()
+                return
+            }
+            let left = failsafeHolds.filter { $0.outputs.isDisjoint(with: taken) }
+            guard left.count < failsafeHolds.count else { return }
+            guard let oldest = left.first else {
+                endFailsafe()
+                return
+            }
+            // Another commander's outputs still hold it: under its reason now.
+            failsafeHolds = left
+            parts.servo?.holdFailsafe(reason: oldest.reason)
         }
         control.channelsProvider = { [unowned self] in self.configuration.servo?.channels ?? [] }
         control.failsafeClearer = { [unowned self] who in
@@ -276,7 +296,7 @@ public final class BoardRuntime: @unchecked Sendable {
     /// operator said so); the LCD, LED, systemd and the broker are told.
     @discardableResult
     private func endFailsafe() -> ServoPath.Failsafe? {
-        failsafeOutputs = nil
+        failsafeHolds = []
         guard let cleared = parts.servo?.clearFailsafe() else { return nil }
         notifier.notify("STATUS=board \(configuration.name) running (failsafe cleared: \(cleared.reason))")
         parts.lcd?.show(.failsafe, nil)
@@ -286,19 +306,17 @@ public final class BoardRuntime: @unchecked Sendable {
     }
 
     /// On the loop: a commander left or went silent with `outputs`. Its
-    /// failsafe ends only when a central takes one of them over, also when
-    /// it joins a failsafe that any command would end (a stall, a fault):
-    /// the failsafe holds for this commander from then on, or the next
-    /// command another central gives its own outputs would end it (issue
-    /// 36). Joining another commander's, it keeps that one's reason.
+    /// hold ends only when a central takes one of them over, also when it
+    /// joins a failsafe that any command would end (a stall, a fault): the
+    /// failsafe holds for this commander from then on, or the next command
+    /// another central gave its own outputs would end it (issue 36). Beside
+    /// another commander's hold, each ends on its own outputs; the oldest
+    /// one's reason is the failsafe's.
     private func commanderFailsafe(_ reason: String, _ outputs: [Dispatcher.Output]) {
         guard let servo = parts.servo else { return }
-        if let pending = failsafeOutputs, servo.failsafeReason != nil {
-            failsafeOutputs = pending.union(outputs)
-            return
-        }
-        failsafeOutputs = Set(outputs)
-        servo.holdFailsafe(reason: reason)
+        if servo.failsafeReason == nil { failsafeHolds = [] }
+        failsafeHolds.append(FailsafeHold(reason: reason, outputs: Set(outputs)))
+        servo.holdFailsafe(reason: failsafeHolds[0].reason)
     }
 
     /// "central left: tcp 127.0.0.1:40000 (channels 0, 4; switch 1)": what

@@ -575,6 +575,32 @@ struct FailsafeTests {
         _ = frozen
     }
 
+    @Test("Two commanders gone: taking one's channel over ends its part only; the failsafe holds for the other, under its reason, until its channel is taken too")
+    func twoCommandersGone() throws {
+        let board = try RunningBoard(yaml: testBoard())
+        var first: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
+        var second: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
+        try first?.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        try second?.send(FrameEncoder.encode(.enable(channel: 3, on: true)) + FrameEncoder.encode(.servo(channel: 3, value: 1000)))
+        #expect(eventually { abs(board.pulse(0) - 2000) < 5 && abs(board.pulse(3) - 2000) < 5 })
+        first = nil
+        let firstReason = eventuallyValue { try? board.servo().failsafe }
+        #expect(firstReason?.hasSuffix("(channel 0)") == true, "\(String(describing: firstReason))")
+        second = nil
+        // The second one's leaving joins it (the reason stays the first's);
+        // seen once its session is closed.
+        #expect(eventually { (try? board.runtime.status().sessions.count) == 0 })
+        #expect(try board.servo().failsafe == firstReason)
+        let third = try LoopbackTCPClient(port: board.port)
+        try third.send(FrameEncoder.encode(.servo(channel: 0, value: 500)))
+        let secondReason = eventuallyValue { (try? board.servo().failsafe).flatMap { $0 == firstReason ? nil : $0 } }
+        #expect(secondReason?.hasPrefix("central left: tcp") == true && secondReason?.hasSuffix("(channel 3)") == true,
+                "channel 3's commander still holds it: \(String(describing: secondReason))")
+        #expect(eventually { abs(board.pulse(0) - 1500) < 5 }, "the command that took channel 0 over is applied")
+        try third.send(FrameEncoder.encode(.servo(channel: 3, value: 500)))
+        #expect(eventually { (try? board.servo().failsafe) == nil && abs(board.pulse(3) - 1500) < 5 })
+    }
+
     @Test("Silent TCP connections cannot lock a central out: they never fill the last slots, and each is closed after its deadline")
     func silentConnectionsLeaveRoom() throws {
         let board = try RunningBoard(yaml: testBoard())
