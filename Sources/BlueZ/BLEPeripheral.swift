@@ -514,16 +514,17 @@ public final class BLEPeripheral: @unchecked Sendable {
         removeStaleDevices()
         pairing = (device, passkey)
         logger.notice("BLE: pairing with \(device): passkey \(passkey)")
-        handlers.passkey(device, passkey)
+        // The status first: whoever the handler tells reads it right.
         publish()
+        handlers.passkey(device, passkey)
     }
 
     private func pairingEnded() {
         guard let device = pairing?.device else { return }
         pairing = nil
         logger.info("BLE: pairing with \(device) ended")
-        handlers.passkey(device, nil)
         publish()
+        handlers.passkey(device, nil)
     }
 
     // MARK: Advertising interval
