@@ -72,6 +72,15 @@ final class RunningBoard {
     func duty(_ output: Int) -> Double { chip.output(channel: output).duty }
     func servo() throws -> StatusReport.Servo { try #require(try runtime.status().servo) }
 
+    /// A TCP central that enabled `channel` and sent it to full travel
+    /// (2000 µs), once the chip puts that out: a commander.
+    func commander(of channel: UInt8) throws -> LoopbackTCPClient {
+        let central = try LoopbackTCPClient(port: port)
+        try central.send(FrameEncoder.encode(.enable(channel: channel, on: true)) + FrameEncoder.encode(.servo(channel: channel, value: 1000)))
+        #expect(eventually { abs(pulse(Int(channel)) - 2000) < 5 }, "channel \(channel) at 2000 µs")
+        return central
+    }
+
     /// Waits until the board has dispatched `frames` frames in all, then
     /// until everything dispatched has reached the servo chips (a
     /// control-socket send is answered only then; the display only when the
@@ -498,9 +507,7 @@ struct FailsafeTests {
     @Test("Silence is per commander on real TCP: a frozen central's channel fails safe while another central writes without pause")
     func frozenBesideBusyOverTCP() throws {
         let board = try RunningBoard(yaml: testBoard(silenceMs: 3000))
-        let frozen = try LoopbackTCPClient(port: board.port)
-        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
-        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        let frozen = try board.commander(of: 0)
         // The busy central (the review's SWITCH_VAL central) sends a switch
         // frame every millisecond from its own thread, from here to the
         // end: it must never be silent itself. When the test's thread did
@@ -555,9 +562,7 @@ struct FailsafeTests {
     @Test("A commander's silence during another failsafe (a stall, a fault) is kept: another central's command of its own output ends neither, taking the silent one's channel over ends both")
     func silenceDuringAnotherFailsafe() throws {
         let board = try RunningBoard(yaml: testBoard(silenceMs: 1000))
-        let frozen = try LoopbackTCPClient(port: board.port)
-        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
-        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        let frozen = try board.commander(of: 0)
         // What the stall watch and a lasting I2C fault do: a failsafe that
         // any command ends. The frozen central then goes silent under it.
         board.runtime.engageFailsafe(reason: "servo thread stalled in a bus write for 600 ms")
@@ -578,11 +583,8 @@ struct FailsafeTests {
     @Test("Two commanders gone: taking one's channel over ends its part only; the failsafe holds for the other, under its reason, until its channel is taken too")
     func twoCommandersGone() throws {
         let board = try RunningBoard(yaml: testBoard())
-        var first: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
-        var second: LoopbackTCPClient? = try LoopbackTCPClient(port: board.port)
-        try first?.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
-        try second?.send(FrameEncoder.encode(.enable(channel: 3, on: true)) + FrameEncoder.encode(.servo(channel: 3, value: 1000)))
-        #expect(eventually { abs(board.pulse(0) - 2000) < 5 && abs(board.pulse(3) - 2000) < 5 })
+        var first: LoopbackTCPClient? = try board.commander(of: 0)
+        var second: LoopbackTCPClient? = try board.commander(of: 3)
         first = nil
         let firstReason = eventuallyValue { try? board.servo().failsafe }
         #expect(firstReason?.hasSuffix("(channel 0)") == true, "\(String(describing: firstReason))")

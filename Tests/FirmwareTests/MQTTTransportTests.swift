@@ -33,9 +33,7 @@ struct MQTTTransportTests {
         let broker = try Broker()
         let board = try RunningBoard(yaml: broker.boardYAML().replacingOccurrences(of: "silence_timeout_ms: 0 ", with: "silence_timeout_ms: 5000 "))
         #expect(eventually { board.mqttState.hasPrefix("connected to 127.0.0.1:\(broker.port)") }, "\(board.mqttState)")
-        let frozen = try LoopbackTCPClient(port: board.port)
-        try frozen.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 1000)))
-        #expect(eventually { abs(board.pulse(0) - 2000) < 5 })
+        let frozen = try board.commander(of: 0)
         // The broker connection commands switch 0, one message after another
         // (each a mosquitto_pub: well within the 5 s), until the failsafe
         // holds for the TCP central. (On a loaded machine the broker may
