@@ -32,6 +32,10 @@ public final class LoopbackTCPClient {
 
     deinit { close(fd) }
 
+    /// Ends the connection now (the board reads its end), whenever ARC
+    /// releases this client.
+    public func disconnect() { shutdown(fd, Int32(SHUT_RDWR)) }
+
     /// Writes all of `bytes`.
     public func send(_ bytes: [UInt8]) throws {
         var offset = 0

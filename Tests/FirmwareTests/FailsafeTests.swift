@@ -583,12 +583,12 @@ struct FailsafeTests {
     @Test("Two commanders gone: taking one's channel over ends its part only; the failsafe holds for the other, under its reason, until its channel is taken too")
     func twoCommandersGone() throws {
         let board = try RunningBoard(yaml: testBoard())
-        var first: LoopbackTCPClient? = try board.commander(of: 0)
-        var second: LoopbackTCPClient? = try board.commander(of: 3)
-        first = nil
+        let first = try board.commander(of: 0)
+        let second = try board.commander(of: 3)
+        first.disconnect()
         let firstReason = eventuallyValue { try? board.servo().failsafe }
         #expect(firstReason?.hasSuffix("(channel 0)") == true, "\(String(describing: firstReason))")
-        second = nil
+        second.disconnect()
         // The second one's leaving joins it (the reason stays the first's);
         // seen once its session is closed.
         #expect(eventually { (try? board.runtime.status().sessions.count) == 0 })
