@@ -252,12 +252,8 @@ public final class BoardRuntime: @unchecked Sendable {
             // ends when a central takes one of those outputs over; another
             // central's commands of its own outputs end nothing (issue 36).
             // Any other failsafe (a fault, a stall) ends with any command.
-            guard !failsafeHolds.isEmpty else {
-                endFailsafe()
-                return
-            }
             let left = failsafeHolds.filter { $0.outputs.isDisjoint(with: taken) }
-            guard left.count < failsafeHolds.count else { return }
+            if !failsafeHolds.isEmpty, left.count == failsafeHolds.count { return }
             guard let oldest = left.first else {
                 endFailsafe()
                 return

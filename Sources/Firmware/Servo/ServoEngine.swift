@@ -220,9 +220,9 @@ struct ServoEngine {
     }
 
     /// The failsafe that holds now holds for `reason`; the outputs stay as
-    /// it put them. False when none holds.
+    /// it put them. False when none holds, or it held for `reason` already.
     mutating func restateFailsafe(reason: String) -> Bool {
-        guard failsafe != nil else { return false }
+        guard let held = failsafe?.reason, held != reason else { return false }
         failsafe?.reason = reason
         return true
     }

@@ -287,7 +287,7 @@ public final class ServoPath: @unchecked Sendable {
                 condition.signal()
                 return true
             }
-            return engine.failsafe?.reason != reason && engine.restateFailsafe(reason: reason)
+            return engine.restateFailsafe(reason: reason)
         }
         guard changed else { return }
         logger.warning("failsafe: \(reason)")
