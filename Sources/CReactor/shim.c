@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 int creactor_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
@@ -92,6 +93,8 @@ int creactor_thread_create(pthread_t *thread, size_t stack_size, int detached, v
     pthread_attr_destroy(&attributes);
     return status;
 }
+
+int32_t creactor_gettid(void) { return (int32_t)syscall(SYS_gettid); }
 
 int creactor_current_stack(void **base, size_t *size) {
     pthread_attr_t attributes;

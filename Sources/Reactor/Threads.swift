@@ -147,3 +147,43 @@ public func sleepThread(_ duration: Duration) {
         if remaining <= 0 { break }
     }
 }
+
+/// What the kernel counted of a thread's time: for telling a thread the
+/// host did not run from one blocked in a system call.
+public enum ThreadTime {
+    /// The calling thread's kernel id (gettid(2)).
+    public static func currentID() -> Int32 { creactor_gettid() }
+
+    /// How long thread `id` of this process has been on a CPU or waiting in
+    /// a run queue for one, in all: the first two fields of
+    /// `/proc/self/task/ID/schedstat`, in nanoseconds (the kernel's
+    /// CONFIG_SCHED_INFO, on in Debian's and Raspberry Pi OS's kernels). A
+    /// thread asleep in the kernel (an I2C transfer waiting for its adapter)
+    /// adds to neither; nil when the file cannot be read.
+    public static func runnable(thread id: Int32) -> Duration? {
+        let fd = open("/proc/self/task/\(id)/schedstat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        // "ON_CPU_NS WAITING_NS TIMESLICES\n": at most three 20-digit numbers.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 80) { buffer -> Duration? in
+            let count = read(fd, buffer.baseAddress, buffer.count)
+            guard count > 0 else { return nil }
+            var fields: [Int64] = []
+            var value: Int64 = 0
+            var digits = 0
+            for byte in buffer[..<count] {
+                if byte >= 0x30, byte <= 0x39, digits < 19 {
+                    value = value * 10 + Int64(byte - 0x30)
+                    digits += 1
+                } else if digits > 0 {
+                    fields.append(value)
+                    value = 0
+                    digits = 0
+                    if fields.count == 2 { break }
+                }
+            }
+            guard fields.count == 2 else { return nil }
+            return .nanoseconds(fields[0]) + .nanoseconds(fields[1])
+        }
+    }
+}

@@ -232,6 +232,7 @@ public final class BoardRuntime: @unchecked Sendable {
             silence: { [unowned self] timeout in self.hub.silenceCommanders(quietFor: timeout) },
             busyFor: { servo.busyFor(at: $0) },
             acknowledgeBusy: { servo.acknowledgeBusy() },
+            runnableTime: { servo.runnableTime() },
             engage: { reason in servo.engageFailsafe(reason: reason) }
         )
         self.watch = watch

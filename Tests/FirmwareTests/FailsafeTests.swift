@@ -270,6 +270,8 @@ struct FailsafeWatchTests {
         var busySince: ContinuousClock.Instant?
         var engaged: [(String, ContinuousClock.Instant)] = []
         var acknowledged = 0
+        /// The servo thread's runnable time at an instant (nil: unknown).
+        var runnable: (ContinuousClock.Instant) -> Duration? = { _ in nil }
     }
 
     private func watch(_ loop: ManualLoop, _ probe: Probe, silence: Duration?, stall: Duration = .milliseconds(500)) -> FailsafeWatch {
@@ -283,6 +285,7 @@ struct FailsafeWatchTests {
                       },
                       busyFor: { now in probe.busySince.map { $0.duration(to: now) } },
                       acknowledgeBusy: { probe.acknowledged += 1 },
+                      runnableTime: { probe.runnable(loop.now) },
                       engage: { probe.engaged.append(($0, loop.now)) })
     }
 
@@ -368,6 +371,66 @@ struct FailsafeWatchTests {
         #expect(probe.engaged.isEmpty)
         loop.advance(to: t1 + .milliseconds(1251))
         #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 600 ms")
+    }
+
+    @Test("Stall: a servo thread the kernel counts runnable (starved, not blocked) is looked at again, up to ten stall timeouts")
+    func starvedIsNotStuck() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
+        // Waiting for a CPU the whole time (a guest the host does not run).
+        let t0 = loop.now
+        probe.runnable = { t0.duration(to: $0) }
+        probe.busySince = t0
+        watch.servoBusy(since: t0)
+        loop.advance(to: t0 + .milliseconds(4999))
+        #expect(probe.engaged.isEmpty)
+        loop.advance(to: t0 + .milliseconds(5000))
+        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 5000 ms", "a driver spinning in a transfer is on a CPU too")
+
+        // Starved until 800 ms, then the transfer ends: nothing engages.
+        let starved = ManualLoop()
+        let quiet = Probe()
+        let second = self.watch(starved, quiet, silence: nil, stall: .milliseconds(500))
+        let t1 = starved.now
+        quiet.runnable = { t1.duration(to: $0) }
+        quiet.busySince = t1
+        second.servoBusy(since: t1)
+        starved.advance(to: t1 + .milliseconds(800))
+        quiet.busySince = nil
+        starved.advance(by: .seconds(10))
+        #expect(quiet.engaged.isEmpty)
+        #expect(quiet.acknowledged == 1)
+        #expect(starved.pendingTimers == 0)
+    }
+
+    @Test("Stall: a servo thread the kernel counts asleep (blocked in the transfer) engages at the second look; starved first, at the first look after")
+    func blockedIsStuck() {
+        let loop = ManualLoop()
+        let probe = Probe()
+        let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
+        let t0 = loop.now
+        probe.runnable = { _ in .seconds(3) }
+        probe.busySince = t0
+        watch.servoBusy(since: t0)
+        loop.advance(to: t0 + .milliseconds(599))
+        #expect(probe.engaged.isEmpty)
+        loop.advance(to: t0 + .milliseconds(600))
+        #expect(probe.engaged.first?.0 == "servo thread stalled in a bus write for 600 ms")
+
+        // Runnable for the first 700 ms (it ran, and entered the transfer
+        // late), then asleep in it: engaged at the look after 700 ms.
+        let later = ManualLoop()
+        let blocked = Probe()
+        let second = self.watch(later, blocked, silence: nil, stall: .milliseconds(500))
+        let t1 = later.now
+        blocked.runnable = { min(t1.duration(to: $0), .milliseconds(700)) }
+        blocked.busySince = t1
+        second.servoBusy(since: t1)
+        later.advance(to: t1 + .milliseconds(799))
+        #expect(blocked.engaged.isEmpty)
+        later.advance(to: t1 + .milliseconds(800))
+        #expect(blocked.engaged.first?.0 == "servo thread stalled in a bus write for 800 ms")
     }
 
     @Test("Stall: the second look engages only on the transfer the first one saw, however late it fires")

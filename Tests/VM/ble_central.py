@@ -574,7 +574,7 @@ async def phone(device):
         ok = answered == 10 and done
         record(ok, ident + "e", "the demo app's session (writes without response paced at 15 ms, %d answered with response, %.1f s): "
                "servos 1600 us, PWM -500 -> 100 %%, switches on, both LCD lines" % (answered, took),
-               (error, servos, duties, switches, lines))
+               CHECKS.explained((error, servos, duties, switches, lines)))
         record(not p.security_requests and p.battery.reads == 0, ident + "f",
                "with the package's drop-in: no Battery Level read and no SMP Security Request in the whole session (no pop-up)",
                (p.battery.reads, len(p.security_requests)))
@@ -619,7 +619,7 @@ async def phone(device):
         ok = answered == 10 and done and not p.security_requests
         record(ok and negotiated >= (247 if mtu else 23), ident + "b",
                "%s: the demo app's session at ATT MTU %d, %d writes answered, servos 1600 us, the LCD lines, no Security Request"
-               % (what, negotiated, answered), (error, servos, lines, len(p.security_requests)))
+               % (what, negotiated, answered), CHECKS.explained((error, servos, lines, len(p.security_requests))))
         await disconnect(device, connection)
         await wait_for(lambda: len(ble_sessions(status())) == 0)
 

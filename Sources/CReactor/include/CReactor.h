@@ -46,6 +46,9 @@ int creactor_sigrtmax(void);
 /// and to whole pages; four times larger under a sanitizer) and, when
 /// `detached`, PTHREAD_CREATE_DETACHED. 0 or the pthread error.
 int creactor_thread_create(pthread_t *thread, size_t stack_size, int detached, void *(*body)(void *), void *argument);
+/// The calling thread's kernel id (gettid(2); glibc before 2.30 has no
+/// wrapper).
+int32_t creactor_gettid(void);
 /// The calling thread's stack (pthread_getattr_np): its lowest address and
 /// size. 0 or the pthread error.
 int creactor_current_stack(void **base, size_t *size);

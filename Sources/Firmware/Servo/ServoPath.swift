@@ -150,6 +150,9 @@ public final class ServoPath: @unchecked Sendable {
     /// Set while the servo thread is inside a bus transfer (stall watch).
     private var busySince: ContinuousClock.Instant?
     private var busyReported = false
+    /// The servo thread's kernel id, once it runs (the stall watch reads
+    /// what the kernel counted of its time).
+    private var threadID: Int32?
     private var scheduling = "default scheduler"
     private let worker = ServiceThread(name: "blecontrol-servo", stackSize: ServoPath.stackSize, priorityInheritance: true)
     private var condition: Condition { worker.condition }
@@ -200,6 +203,8 @@ public final class ServoPath: @unchecked Sendable {
     /// off first) before it applies anything.
     public func start() {
         worker.start { [self] in
+            let id = ThreadTime.currentID()
+            condition.withLock { threadID = id }
             applyRealtime()
             if realtime?.lockedMemory == true { ProcessMemory.lockCurrentStack() }
             run()
@@ -330,6 +335,13 @@ public final class ServoPath: @unchecked Sendable {
     /// How long the servo thread has been inside one bus transfer, if it is.
     public func busyFor(at now: ContinuousClock.Instant = .now) -> Duration? {
         condition.withLock { busySince.map { $0.duration(to: now) } }
+    }
+
+    /// How long the servo thread has been on a CPU or waiting for one, in
+    /// all (``ThreadTime/runnable(thread:)``); nil before it runs or where
+    /// the kernel does not say.
+    public func runnableTime() -> Duration? {
+        condition.withLock { threadID }.flatMap { ThreadTime.runnable(thread: $0) }
     }
 
     /// The stall watch has seen the last ``onBusy``: the next transfer may report again.

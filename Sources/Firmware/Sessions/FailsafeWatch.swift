@@ -25,6 +25,9 @@ public final class FailsafeWatch: @unchecked Sendable {
     private let busyFor: (ContinuousClock.Instant) -> Duration?
     private let engage: (String) -> Void
     private let acknowledgeBusy: () -> Void
+    /// How long the servo thread has been on a CPU or waiting for one, in
+    /// all (nil: the kernel does not say).
+    private let runnableTime: () -> Duration?
     private var silenceTimer: LoopToken?
     private var stallTimer: LoopToken?
 
@@ -32,7 +35,7 @@ public final class FailsafeWatch: @unchecked Sendable {
     /// `engage` puts the outputs in failsafe with its reason.
     public init(loop: any Scheduler, silenceTimeout: Duration?, stallTimeout: Duration,
                 lastFrame: @escaping () -> ContinuousClock.Instant?, silence: @escaping (Duration) -> Int, busyFor: @escaping (ContinuousClock.Instant) -> Duration?,
-                acknowledgeBusy: @escaping () -> Void, engage: @escaping (String) -> Void) {
+                acknowledgeBusy: @escaping () -> Void, runnableTime: @escaping () -> Duration? = { nil }, engage: @escaping (String) -> Void) {
         self.loop = loop
         self.silenceTimeout = silenceTimeout
         self.stallTimeout = stallTimeout
@@ -40,6 +43,7 @@ public final class FailsafeWatch: @unchecked Sendable {
         self.silence = silence
         self.busyFor = busyFor
         self.acknowledgeBusy = acknowledgeBusy
+        self.runnableTime = runnableTime
         self.engage = engage
     }
 
@@ -94,28 +98,59 @@ public final class FailsafeWatch: @unchecked Sendable {
     /// the first one saw (by its start), however late either look fires.
     var stallGrace: Duration { stallTimeout / 5 }
 
-    /// `sighted`: the start of the transfer an earlier look found stuck.
-    private func checkStall(sighted: ContinuousClock.Instant? = nil) {
+    /// How old a transfer may grow while the servo thread is starved (see
+    /// ``checkStall(sighted:)``) before the watch engages all the same: a
+    /// driver spinning in a transfer is on a CPU all the while too.
+    static let starvedLimit = 10
+
+    /// One look at a transfer past the stall timeout: its start, when the
+    /// look was, and the servo thread's runnable time then.
+    private struct Sighting {
+        var start: ContinuousClock.Instant
+        var at: ContinuousClock.Instant
+        var runnable: Duration?
+    }
+
+    /// `sighted`: an earlier look that found a transfer stuck.
+    ///
+    /// Between two looks at the same transfer, a thread blocked in it (the
+    /// kernel waiting for the adapter) is asleep: the kernel counts it
+    /// neither on a CPU nor waiting for one. A thread the host or a busier
+    /// thread kept from running (a starved VM guest: the likeliest cause of
+    /// the failsafe CI's VM tier once saw engage in the middle of a phone's
+    /// session, a stall timeout after its last write) waits in a run
+    /// queue, or looks, in a guest whose vCPU the host paused, as if on a
+    /// CPU. When it was runnable for at least half the time between the
+    /// looks, it is starved, not stuck: the watch looks again, up to
+    /// ``starvedLimit`` stall timeouts; where the kernel does not say, it
+    /// engages as before.
+    private func checkStall(sighted: Sighting? = nil) {
         stallTimer = nil
         let now = loop.now
-        if let busy = busyFor(now) {
-            // Exact: instants and durations are whole attoseconds.
-            let start = now - busy
-            if busy >= stallTimeout {
-                guard start == sighted else {
-                    stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(sighted: start) }
-                    return
-                }
-                engage("servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
-                // Keep watching the same transfer: it may never end.
-                stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall(sighted: start) }
-                return
-            }
+        guard let busy = busyFor(now) else {
+            // Idle: the next transfer reports itself again.
+            acknowledgeBusy()
+            return
+        }
+        // Exact: instants and durations are whole attoseconds.
+        let start = now - busy
+        guard busy >= stallTimeout else {
             // A newer transfer: check it at its own deadline.
             stallTimer = loop.schedule(at: start + stallTimeout) { [weak self] in self?.checkStall() }
             return
         }
-        // Idle: the next transfer reports itself again.
-        acknowledgeBusy()
+        let sighting = Sighting(start: start, at: now, runnable: runnableTime())
+        guard let sighted, sighted.start == start else {
+            stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(sighted: sighting) }
+            return
+        }
+        if let before = sighted.runnable, let after = sighting.runnable, (after - before) * 2 >= sighted.at.duration(to: now),
+           busy < stallTimeout * Self.starvedLimit {
+            stallTimer = loop.schedule(at: now + stallGrace) { [weak self] in self?.checkStall(sighted: sighting) }
+            return
+        }
+        engage("servo thread stalled in a bus write for \(Int(busy.inSeconds * 1000)) ms")
+        // Keep watching the same transfer: it may never end.
+        stallTimer = loop.schedule(at: now + stallTimeout) { [weak self] in self?.checkStall(sighted: sighting) }
     }
 }

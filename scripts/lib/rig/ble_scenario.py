@@ -52,8 +52,9 @@ class Checks:
         (a failsafe that engaged, with its reason; the centrals still
         connected), so one failed run says which it was."""
         report = self.status()
-        return {"detail": detail, "failsafe": report["servo"].get("failsafe"), "failsafes": report["servo"].get("failsafes"),
-                "sessions": ble_sessions(report)}
+        # The detail last: a long one is cut when printed.
+        return {"failsafe": report["servo"].get("failsafe"), "failsafes": report["servo"].get("failsafes"),
+                "sessions": ble_sessions(report), "detail": detail}
 
     async def pulse_at(self, number: int, pulse_us: float) -> bool:
         """Channel `number` at `pulse_us` within 5 µs: 12-bit PCA9685 counts
