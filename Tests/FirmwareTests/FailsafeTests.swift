@@ -317,9 +317,7 @@ struct FailsafeWatchTests {
         let loop = ManualLoop()
         let probe = Probe()
         let watch = watch(loop, probe, silence: nil, stall: .milliseconds(200))
-        let t0 = loop.now
-        probe.busySince = t0
-        watch.servoBusy(since: t0)
+        let t0 = stuckTransfer(loop, probe, watch)
         loop.advance(to: t0 + .milliseconds(10))
         probe.busySince = nil  // that write finished
         loop.advance(to: t0 + .milliseconds(200))
@@ -328,9 +326,7 @@ struct FailsafeWatchTests {
         #expect(loop.pendingTimers == 0)
 
         // Stuck: seen at the deadline, and again a fifth of it later.
-        let t1 = loop.now
-        probe.busySince = t1
-        watch.servoBusy(since: t1)
+        let t1 = stuckTransfer(loop, probe, watch)
         loop.advance(to: t1 + .milliseconds(239))
         #expect(probe.engaged.isEmpty)
         loop.advance(to: t1 + .milliseconds(240))
@@ -338,13 +334,20 @@ struct FailsafeWatchTests {
         #expect(probe.engaged.first?.1 == t1 + .milliseconds(240))
     }
 
+    /// A transfer that starts now and has not ended (the servo thread
+    /// reports it); its start.
+    private func stuckTransfer(_ loop: ManualLoop, _ probe: Probe, _ watch: FailsafeWatch) -> ContinuousClock.Instant {
+        let start = loop.now
+        probe.busySince = start
+        watch.servoBusy(since: start)
+        return start
+    }
+
     /// A transfer starts; the host runs neither thread for `pause`, so the
     /// loop's first look at it fires late; 1 ms after both wake, the servo
     /// thread ends it and, if `next`, starts another. Its start.
     private func pausedTransfer(_ loop: ManualLoop, _ probe: Probe, _ watch: FailsafeWatch, pause: Duration, next: Bool) -> ContinuousClock.Instant {
-        let start = loop.now
-        probe.busySince = start
-        watch.servoBusy(since: start)
+        let start = stuckTransfer(loop, probe, watch)
         loop.pause(until: start + pause)
         loop.run()
         loop.advance(to: start + pause + .milliseconds(1))
@@ -381,8 +384,7 @@ struct FailsafeWatchTests {
         // Waiting for a CPU the whole time (a guest the host does not run).
         let t0 = loop.now
         probe.runnable = { t0.duration(to: $0) }
-        probe.busySince = t0
-        watch.servoBusy(since: t0)
+        _ = stuckTransfer(loop, probe, watch)
         loop.advance(to: t0 + .milliseconds(4999))
         #expect(probe.engaged.isEmpty)
         loop.advance(to: t0 + .milliseconds(5000))
@@ -394,8 +396,7 @@ struct FailsafeWatchTests {
         let second = self.watch(starved, quiet, silence: nil, stall: .milliseconds(500))
         let t1 = starved.now
         quiet.runnable = { t1.duration(to: $0) }
-        quiet.busySince = t1
-        second.servoBusy(since: t1)
+        _ = stuckTransfer(starved, quiet, second)
         starved.advance(to: t1 + .milliseconds(800))
         quiet.busySince = nil
         starved.advance(by: .seconds(10))
@@ -409,10 +410,8 @@ struct FailsafeWatchTests {
         let loop = ManualLoop()
         let probe = Probe()
         let watch = watch(loop, probe, silence: nil, stall: .milliseconds(500))
-        let t0 = loop.now
         probe.runnable = { _ in .seconds(3) }
-        probe.busySince = t0
-        watch.servoBusy(since: t0)
+        let t0 = stuckTransfer(loop, probe, watch)
         loop.advance(to: t0 + .milliseconds(599))
         #expect(probe.engaged.isEmpty)
         loop.advance(to: t0 + .milliseconds(600))
@@ -425,8 +424,7 @@ struct FailsafeWatchTests {
         let second = self.watch(later, blocked, silence: nil, stall: .milliseconds(500))
         let t1 = later.now
         blocked.runnable = { min(t1.duration(to: $0), .milliseconds(700)) }
-        blocked.busySince = t1
-        second.servoBusy(since: t1)
+        _ = stuckTransfer(later, blocked, second)
         later.advance(to: t1 + .milliseconds(799))
         #expect(blocked.engaged.isEmpty)
         later.advance(to: t1 + .milliseconds(800))
