@@ -62,7 +62,11 @@ struct ThreadStackTests {
         }
         // glibc keeps a finished detached thread's stack for the next thread
         // (its stack cache); a joinable one nobody joins keeps its own: twenty.
-        #expect(Self.mappings(ofKilobytes: asked / 1024) - before <= 2)
+        // Not "at most 2": a thread another test starts meanwhile asking for
+        // 53-212 KiB may take the cached stack (glibc reuses one up to four
+        // times the size asked), and the next round maps a new one: 3 seen
+        // in a cold CI run, where the suites run side by side.
+        #expect(Self.mappings(ofKilobytes: asked / 1024) - before < 10)
     }
 
     static func threadCount(named name: String) -> Int {
