@@ -73,6 +73,9 @@ struct ThreadTimeTests {
         #expect(spinningAfter - spinningBefore >= .milliseconds(20), "the spinner: \(spinningBefore) then \(spinningAfter)")
         #expect(stillAsleep == "S")
         #expect(asleepAfter == asleepBefore, "the sleeper: \(asleepBefore) then \(asleepAfter)")
-        #expect(ThreadTime.runnable(thread: asleep) == nil, "a thread that ended has no count")
+        // Joined is not yet gone: the join returns when the kernel clears
+        // the thread's id, before its task is released (under qemu-user,
+        // well before: seen in the aarch64 tier).
+        #expect(eventually { ThreadTime.runnable(thread: asleep) == nil }, "a thread that ended has no count")
     }
 }
