@@ -20,7 +20,7 @@ func benchmarkAcknowledgement(binary: String, baseline: String?, samples: Int) t
         for flood in [false, true] {
             let daemon = try DaemonProcess(binary: daemonBinary, logLevel: "error")
             defer { daemon.stop() }
-            let stop = LockedFlag()
+            let stop = LockedBox(false)
             var flooder: Thread?
             if flood {
                 let central = try LoopbackTCPClient(port: daemon.port)

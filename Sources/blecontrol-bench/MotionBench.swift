@@ -52,7 +52,7 @@ private func motionRun(ramped: Bool, realtime: Bool, busy: Bool, cores: Int, per
     try central.send(frames)
     usleep(200_000)
 
-    let spinning = LockedFlag()
+    let spinning = LockedBox(false)
     spinning.value = busy
     var spinners: [Thread] = []
     if busy {

@@ -360,7 +360,7 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
     try central.send(enable)
     usleep(200_000)
 
-    let flooding = LockedFlag()
+    let flooding = LockedBox(false)
     let flood = Thread {
         guard let display = try? LoopbackTCPClient(port: port) else { return }
         var round = 0
@@ -396,15 +396,6 @@ func servoRun(realtime: Bool, lcdFlood: Bool, flushBudget: Int, seconds duration
 func pause(until due: ContinuousClock.Instant) {
     let now = ContinuousClock.now
     if due > now { usleep(useconds_t(max(0, Int(now.duration(to: due).inSeconds * 1e6)))) }
-}
-
-final class LockedFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var flag = false
-    var value: Bool {
-        get { lock.withLock { flag } }
-        set { lock.withLock { flag = newValue } }
-    }
 }
 
 func benchmarkServoDispatch(seconds duration: Double) throws {

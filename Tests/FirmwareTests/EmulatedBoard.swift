@@ -90,22 +90,5 @@ final class EmulatedBoard: @unchecked Sendable {
     var lines: [String] { display.lcd.lines }
 }
 
-final class LockedBox<Value>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var stored: Value
-    init(_ value: Value) { stored = value }
-    var value: Value {
-        get { lock.withLock { stored } }
-        set { lock.withLock { stored = newValue } }
-    }
-    /// Puts `newValue` in and gives back what was there, in one step.
-    func swap(_ newValue: Value) -> Value {
-        lock.withLock {
-            defer { stored = newValue }
-            return stored
-        }
-    }
-}
-
 /// One PCA9685 step at 50 Hz (datasheet §7.3.5: prescale 121 at 25 MHz).
 let pulseStep = 4.9

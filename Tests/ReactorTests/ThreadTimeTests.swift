@@ -16,15 +16,6 @@ struct ThreadTimeTests {
         return stat[stat.index(after: close)...].split(separator: " ").first?.first
     }
 
-    final class Stop: @unchecked Sendable {
-        private let lock = Lock()
-        private var value = false
-        var requested: Bool {
-            get { lock.withLock { value } }
-            set { lock.withLock { value = newValue } }
-        }
-    }
-
     @Test("A thread asleep in read(2) stands still while a spinning one's runnable time grows")
     func asleepAndSpinning() throws {
         var fds: [Int32] = [0, 0]
@@ -39,11 +30,11 @@ struct ThreadTimeTests {
             _ = read(readEnd, &byte, 1)
         }
         let spinnerID = Promise<Int32>()
-        let stop = Stop()
+        let stop = LockedBox(false)
         let spinner = OSThread(name: "time-spinner", stackSize: 128 * 1024)
         spinner.start {
             spinnerID.fulfil(ThreadTime.currentID())
-            while !stop.requested {}
+            while !stop.value {}
         }
         let asleep = sleeperID.wait(), spinning = spinnerID.wait()
         #expect(ThreadTime.currentID() != asleep)
@@ -66,7 +57,7 @@ struct ThreadTimeTests {
         }
         let asleepAfter = try #require(ThreadTime.runnable(thread: asleep))
         let stillAsleep = Self.state(asleep)
-        stop.requested = true
+        stop.value = true
         spinner.join()
         close(fds[1])
         sleeper.join()
