@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # the root file system is read-only here
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vmrig import (Daemon, GpioSim, I2CBus, SYSTEM_PATH, command_why, make_work_dir, mount,  # noqa: E402
+from vmrig import (Daemon, GpioSim, I2CBus, SYSTEM_PATH, busy_core_seconds, command_why, make_work_dir, mount,  # noqa: E402
                    read_env_file, rig, signal_pid, status_holds, tail)
 
 WORK = Path("/run/blecontrol-vm")
@@ -609,8 +609,19 @@ control:
             self.results.fails(section_id, f"{what} ran to their end", f"{type(error).__name__}: {error}")
             self.daemon.kill()
 
+    def spent(self, what: str, fn) -> None:
+        """Runs fn and notes its wall time and the guest's busy CPU."""
+        wall, busy = time.monotonic(), busy_core_seconds()
+        fn()
+        self.cpu.append(f"{what} {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
+
     def run(self) -> int:
         make_work_dir(WORK)
+        # Where the VM's CPU goes (the run is CPU-bound: what the guest spends
+        # the tiers beside it wait for), printed as one INFO line at the end.
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        self.cpu = [f"boot {uptime:.0f} s, busy {busy_core_seconds():.0f} core-s"]
+        wall, busy = time.monotonic(), busy_core_seconds()
         self.check("r1", "board/raspberry-pi.yaml without its devices: clear refusal, exit status 1-123",
                    self.rpi_board_fails_clearly)
         self.check("setup-i2c", "i2c-stub (0x40, 0x41, 0x27) and i2c-dev loaded, stub bus found by name",
@@ -632,6 +643,8 @@ control:
         else:
             self.results.fails("g", "gpio-sim sanity", "no gpio-sim chip")
 
+        self.cpu.append(f"set-up {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
+        wall, busy = time.monotonic(), busy_core_seconds()
         if self.bus and self.sim.chip:
             self.section("b", "daemon checks", self.run_daemon_checks)
             self.section("d", "recovery checks", self.run_recovery_checks)
@@ -642,10 +655,14 @@ control:
         else:
             self.results.fails("b", "daemon checks", "not run: no stub bus or no gpio-sim chip")
 
+        self.cpu.append(f"hardware checks {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
         if self.peers:
-            self.run_peers()
+            self.spent("peer comparison", self.run_peers)
         if self.ble:
-            self.run_ble()
+            self.spent("BLE", self.run_ble)
+        self.results.info("guest CPU: " + "; ".join(self.cpu) + (
+            "; the BLE central's own share: " + (self.out / "ble-central-cpu.txt").read_text().strip()
+            if (self.out / "ble-central-cpu.txt").is_file() else ""))
 
         rig.run_logged(["dmesg"], self.out / "dmesg.txt")
         (self.out / "guest-done").touch()

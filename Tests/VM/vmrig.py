@@ -184,6 +184,14 @@ class GpioSim:
         (self.sysfs() / f"sim_gpio{line}" / "pull").write_text(f"{pull}\n")
 
 
+def busy_core_seconds() -> float:
+    """Core-seconds this kernel's CPUs have spent busy since boot (/proc/stat's
+    first line, all but idle and iowait). Under TCG a guest's busy time is
+    host CPU its vCPU threads used: what the VM tier costs the run."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def make_work_dir(work: Path) -> None:
     """Creates `work` for a daemon's socket and instance lock: the daemon
     refuses a directory others may write, whatever the guest's umask, so
