@@ -116,6 +116,17 @@ struct Registration: Sendable {
 
     var isAdvertising: Bool { phase == .advertising }
 
+    /// Whether bluetoothd may hold our advertisement: registered, or a
+    /// RegisterAdvertisement sent and not answered yet. bluetoothd puts the
+    /// advertisement on its list as the call arrives, but watches for its
+    /// owner leaving the bus only once the kernel has taken it
+    /// (src/advertising.c: register_advertisement, add_adv_callback; 5.66
+    /// to 5.82). A daemon that leaves in between leaves an instance that
+    /// counts in ActiveInstances until bluetoothd restarts, so stopping
+    /// unregisters in this state too (the call comes after the register
+    /// on the same connection: bluetoothd sees them in that order).
+    var advertisementMayBeHeld: Bool { advertisementRegistered || phase == .registeringAdvertisement }
+
     mutating func handle(_ event: Event) -> [Action] {
         switch event {
         case .start:

@@ -30,6 +30,12 @@ final class FakeBlueZ: @unchecked Sendable {
     /// Refuse a registration that asks for fixed handles, as bluetoothd does
     /// when another application holds them.
     var handlesTaken = false
+    /// RegisterAdvertisement left unanswered, as bluetoothd leaves it while
+    /// the kernel takes the advertisement.
+    let holdAdvertisements = LockedBox(false)
+    /// LEAdvertisingManager1 calls in the order they came ("register" or
+    /// "unregister", then the path).
+    let advertisingCalls = Collected<String>()
     var powered = false
     private let poweredLock = NSLock()
 
@@ -64,6 +70,8 @@ final class FakeBlueZ: @unchecked Sendable {
         let advertising = DBusInterface("org.bluez.LEAdvertisingManager1")
         advertising.method("RegisterAdvertisement", in: "oa{sv}") { [unowned self] call in
             let path = call.arguments[0].stringValue ?? "/"
+            advertisingCalls.append("register \(path)")
+            if holdAdvertisements.value { return }
             connection.call(destination: call.sender, path: path, interface: "org.freedesktop.DBus.Properties", method: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")], timeout: Patience.time) { result in
                 guard case .success(let values) = result, let properties = values.first?.dictionaryValue else { return call.fail("org.bluez.Error.Failed", "no properties") }
                 self.registered.append("adv \(properties["LocalName"]?.stringValue ?? "?") discoverable=\(properties["Discoverable"]?.boolValue ?? false)")
@@ -71,7 +79,10 @@ final class FakeBlueZ: @unchecked Sendable {
                 call.reply()
             }
         }
-        advertising.method("UnregisterAdvertisement", in: "o") { call in call.reply() }
+        advertising.method("UnregisterAdvertisement", in: "o") { [unowned self] call in
+            advertisingCalls.append("unregister \(call.arguments[0].stringValue ?? "/")")
+            call.reply()
+        }
         gatt.method("UnregisterApplication", in: "o") { call in call.reply() }
         let agentManager = DBusInterface("org.bluez.AgentManager1")
         agentManager.method("RegisterAgent", in: "os") { [unowned self] call in
@@ -463,6 +474,23 @@ struct BLEPeripheralTests {
         #expect(ble.stateDescription.hasPrefix("advertising as Test-Board"))
         // Re-registering the advertisement is not a new registration.
         #expect(ble.status.statistics.registrations == 1)
+    }
+
+    /// A daemon stopped while bluetoothd had not answered its
+    /// RegisterAdvertisement (seen in the image test: a restart 0.4 s after
+    /// the switch to the slow interval, then ActiveInstances 2 for good).
+    @Test func stoppingWhileTheAdvertisementIsBeingRegisteredUnregistersIt() throws {
+        guard let bus = try PrivateBus.start() else { return }
+        defer { bus.stop() }
+        let bluez = try FakeBlueZ(address: bus.address)
+        defer { bluez.close() }
+        bluez.holdAdvertisements.value = true
+        let ble = try peripheral(bus, events: Events())
+        ble.start()
+        let path = BLEPeripheral.advertisementPath
+        #expect(eventually { bluez.advertisingCalls.all == ["register \(path)"] })
+        ble.stop()
+        #expect(eventually { bluez.advertisingCalls.all == ["register \(path)", "unregister \(path)"] })
     }
 
     @Test func theServicesAskForFixedHandlesAndLetBluetoothdChooseWhenTheyAreTaken() throws {
