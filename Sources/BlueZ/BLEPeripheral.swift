@@ -111,7 +111,7 @@ public final class BLEPeripheral: @unchecked Sendable {
             if let retryTimer { loop.cancel(retryTimer) }
             if let intervalTimer { loop.cancel(intervalTimer) }
             var calls: [(String, String, [DBusValue])] = []
-            if registration.isAdvertising || registration.advertisementMayBeHeld {
+            if registration.advertisementMayBeHeld {
                 calls.append(("org.bluez.LEAdvertisingManager1", "UnregisterAdvertisement", [.objectPath(Self.advertisementPath)]))
             }
             if registration.applicationRegistered {

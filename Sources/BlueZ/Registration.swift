@@ -116,8 +116,8 @@ struct Registration: Sendable {
 
     var isAdvertising: Bool { phase == .advertising }
 
-    /// Whether bluetoothd may hold our advertisement: registered, or a
-    /// RegisterAdvertisement sent and not answered yet. bluetoothd puts the
+    /// Whether bluetoothd may hold our advertisement: on the air,
+    /// registered, or a RegisterAdvertisement sent and not answered yet. bluetoothd puts the
     /// advertisement on its list as the call arrives, but watches for its
     /// owner leaving the bus only once the kernel has taken it
     /// (src/advertising.c: register_advertisement, add_adv_callback; 5.66
@@ -125,7 +125,7 @@ struct Registration: Sendable {
     /// counts in ActiveInstances until bluetoothd restarts, so stopping
     /// unregisters in this state too (the call comes after the register
     /// on the same connection: bluetoothd sees them in that order).
-    var advertisementMayBeHeld: Bool { advertisementRegistered || phase == .registeringAdvertisement }
+    var advertisementMayBeHeld: Bool { isAdvertising || advertisementRegistered || phase == .registeringAdvertisement }
 
     mutating func handle(_ event: Event) -> [Action] {
         switch event {
