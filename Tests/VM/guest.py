@@ -609,19 +609,20 @@ control:
             self.results.fails(section_id, f"{what} ran to their end", f"{type(error).__name__}: {error}")
             self.daemon.kill()
 
-    def spent(self, what: str, fn) -> None:
-        """Runs fn and notes its wall time and the guest's busy CPU."""
-        wall, busy = time.monotonic(), busy_core_seconds()
-        fn()
-        self.cpu.append(f"{what} {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
+    def lap(self, what: str) -> None:
+        """Notes the wall time and the guest's busy CPU since the last lap
+        (the first: since boot) as `what`."""
+        now, busy = time.monotonic(), busy_core_seconds()
+        self.cpu.append(f"{what} {now - self.mark[0]:.0f} s, busy {busy - self.mark[1]:.0f} core-s")
+        self.mark = (now, busy)
 
     def run(self) -> int:
         make_work_dir(WORK)
         # Where the VM's CPU goes (the run is CPU-bound: what the guest spends
         # the tiers beside it wait for), printed as one INFO line at the end.
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        self.cpu = [f"boot {uptime:.0f} s, busy {busy_core_seconds():.0f} core-s"]
-        wall, busy = time.monotonic(), busy_core_seconds()
+        self.cpu: list[str] = []
+        self.mark = (time.monotonic() - float(Path("/proc/uptime").read_text().split()[0]), 0.0)
+        self.lap("boot")
         self.check("r1", "board/raspberry-pi.yaml without its devices: clear refusal, exit status 1-123",
                    self.rpi_board_fails_clearly)
         self.check("setup-i2c", "i2c-stub (0x40, 0x41, 0x27) and i2c-dev loaded, stub bus found by name",
@@ -643,8 +644,7 @@ control:
         else:
             self.results.fails("g", "gpio-sim sanity", "no gpio-sim chip")
 
-        self.cpu.append(f"set-up {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
-        wall, busy = time.monotonic(), busy_core_seconds()
+        self.lap("set-up")
         if self.bus and self.sim.chip:
             self.section("b", "daemon checks", self.run_daemon_checks)
             self.section("d", "recovery checks", self.run_recovery_checks)
@@ -655,11 +655,13 @@ control:
         else:
             self.results.fails("b", "daemon checks", "not run: no stub bus or no gpio-sim chip")
 
-        self.cpu.append(f"hardware checks {time.monotonic() - wall:.0f} s, busy {busy_core_seconds() - busy:.0f} core-s")
+        self.lap("hardware checks")
         if self.peers:
-            self.spent("peer comparison", self.run_peers)
+            self.run_peers()
+            self.lap("peer comparison")
         if self.ble:
-            self.spent("BLE", self.run_ble)
+            self.run_ble()
+            self.lap("BLE")
         self.results.info("guest CPU: " + "; ".join(self.cpu) + (
             "; the BLE central's own share: " + (self.out / "ble-central-cpu.txt").read_text().strip()
             if (self.out / "ble-central-cpu.txt").is_file() else ""))
