@@ -36,6 +36,8 @@ fails a check. Standard library only.
 """
 
 import argparse
+import collections
+import concurrent.futures
 import hashlib
 import os
 import struct
@@ -110,9 +112,38 @@ class Disk:
                 touched.add(name)
         return touched
 
-    def boot_has(self, name):
-        code, _, _ = run("mdir", "-b", "-i", self.boot_path, "::/" + name)
-        return code == 0
+    def boot_names(self):
+        """The names in the boot partition's top directory, as it is now."""
+        code, out, _ = run("mdir", "-b", "-i", self.boot_path, "::/")
+        return {line.rsplit("/", 1)[-1].lower() for line in out.decode(errors="replace").splitlines()} if code == 0 else set()
+
+
+class State:
+    """One flush point as the next boot would find it: copies of the root
+    partition, and of the boot partition when it was written since the last
+    state, taken as the replay reaches the point (in their own directory
+    under the scratch space), then checked on a worker while the replay
+    goes on."""
+
+    def __init__(self, disk, number, request, writes, boot_written, boot_names):
+        self.number, self.request, self.writes, self.boot_names = number, request, writes, boot_names
+        self.dir = tempfile.mkdtemp(prefix="state-%d-" % number, dir=disk.scratch)
+        self.root = os.path.join(self.dir, "root.img")
+        subprocess.run(["cp", "--sparse=always", disk.root_path, self.root], check=True)
+        self.boot = None
+        if boot_written:
+            self.boot = os.path.join(self.dir, "boot.img")
+            subprocess.run(["cp", "--sparse=always", disk.boot_path, self.boot], check=True)
+
+    def check(self, versions, work):
+        """The state's problems (empty: none); its copies are gone after."""
+        try:
+            problems = check_root(self, versions, work)
+            if self.boot is not None:
+                problems += check_boot(self.boot)
+            return problems
+        finally:
+            rig.remove(self.dir)
 
 
 def copy_range(source, offset, length, target):
@@ -155,63 +186,57 @@ def read(path):
         return None
 
 
-def check_root(disk, versions):
-    """Problems of the root file system as the next boot finds it (empty: none),
-    checked on a copy of it (e2fsck repairs the copy)."""
+def check_root(state, versions, work):
+    """Problems of the state's root file system as the next boot finds it
+    (empty: none), checked on its copy (e2fsck repairs the copy)."""
     problems = []
-    state = os.path.join(disk.scratch, "root-state.img")
-    subprocess.run(["cp", "--sparse=always", disk.root_path, state], check=True)
-    try:
-        code, out, err = run("e2fsck", "-fp", state)
-        if code >= 4:
-            problems.append("e2fsck -p left errors (exit %d): %s" % (code, rig.last_lines((out + err).decode(errors="replace"), 2)))
-            return problems
-        again, out, _ = run("e2fsck", "-fn", state)
-        if again != 0:
-            problems.append("not clean after e2fsck -p (e2fsck -fn exit %d): %s" % (again, rig.last_lines(out.decode(errors="replace"), 2)))
-        files = files_of(state, disk.work)
-        board = read(os.path.join(files, "blecontrol", "board.yaml"))
-        if board is None or hashlib.sha256(board).hexdigest() not in versions:
-            name = os.path.join(disk.work, "board-%s.yaml" % hashlib.sha256(board or b"").hexdigest()[:12])
-            with open(name, "wb") as f:
-                f.write(board or b"")
-            problems.append("board.yaml is no whole version (%s, kept as %s)" % ("missing" if board is None else "%d bytes" % len(board), name))
-        shadow = (read(os.path.join(files, "shadow")) or b"").decode(errors="replace")
-        for line in shadow.splitlines():
-            fields = line.split(":")
-            if len(fields) > 1 and fields[1] == "":
-                problems.append("account %s has an empty password field" % fields[0])
-        if not shadow.strip():
-            problems.append("/etc/shadow is empty or missing")
-        ssh = os.path.join(files, "ssh")
-        for name in sorted(os.listdir(ssh)) if os.path.isdir(ssh) else []:
-            if name.startswith("ssh_host_") and name.endswith("_key"):
-                key = os.path.join(ssh, name)
-                os.chmod(key, 0o600)
-                code, _, _ = run("ssh-keygen", "-y", "-f", key)
-                if code != 0:
-                    problems.append("SSH host key %s is not a whole key (%d bytes)" % (name, os.path.getsize(key)))
-        # An administrator logs in with a key or a password hash; one the
-        # first boot made without either is only fine while the boot
-        # partition still has the files the next boot finishes from.
-        passwords = {fields[0]: fields[1] for fields in (line.split(":") for line in shadow.splitlines()) if len(fields) > 1}
-        passwd = (read(os.path.join(files, "passwd")) or b"").decode(errors="replace")
-        for line in passwd.splitlines():
-            fields = line.split(":")
-            if len(fields) >= 7 and fields[4] == "BLEControl administrator" and fields[5].startswith("/home/"):
-                keys = read(os.path.join(files, "home", fields[5][len("/home/"):], ".ssh", "authorized_keys"))
-                if not (keys or b"").strip() and not passwords.get(fields[0], "").startswith("$") \
-                        and not disk.boot_has("authorized_keys") and not disk.boot_has("userconf.txt"):
-                    problems.append("administrator %s has neither a key nor a password, and the boot partition no longer has the files for the next boot" % fields[0])
-    finally:
-        os.unlink(state)
+    image = state.root
+    code, out, err = run("e2fsck", "-fp", image)
+    if code >= 4:
+        problems.append("e2fsck -p left errors (exit %d): %s" % (code, rig.last_lines((out + err).decode(errors="replace"), 2)))
+        return problems
+    again, out, _ = run("e2fsck", "-fn", image)
+    if again != 0:
+        problems.append("not clean after e2fsck -p (e2fsck -fn exit %d): %s" % (again, rig.last_lines(out.decode(errors="replace"), 2)))
+    files = files_of(image, state.dir)
+    board = read(os.path.join(files, "blecontrol", "board.yaml"))
+    if board is None or hashlib.sha256(board).hexdigest() not in versions:
+        name = os.path.join(work, "board-%s.yaml" % hashlib.sha256(board or b"").hexdigest()[:12])
+        with open(name, "wb") as f:
+            f.write(board or b"")
+        problems.append("board.yaml is no whole version (%s, kept as %s)" % ("missing" if board is None else "%d bytes" % len(board), name))
+    shadow = (read(os.path.join(files, "shadow")) or b"").decode(errors="replace")
+    for line in shadow.splitlines():
+        fields = line.split(":")
+        if len(fields) > 1 and fields[1] == "":
+            problems.append("account %s has an empty password field" % fields[0])
+    if not shadow.strip():
+        problems.append("/etc/shadow is empty or missing")
+    ssh = os.path.join(files, "ssh")
+    for name in sorted(os.listdir(ssh)) if os.path.isdir(ssh) else []:
+        if name.startswith("ssh_host_") and name.endswith("_key"):
+            key = os.path.join(ssh, name)
+            os.chmod(key, 0o600)
+            code, _, _ = run("ssh-keygen", "-y", "-f", key)
+            if code != 0:
+                problems.append("SSH host key %s is not a whole key (%d bytes)" % (name, os.path.getsize(key)))
+    # An administrator logs in with a key or a password hash; one the
+    # first boot made without either is only fine while the boot
+    # partition still has the files the next boot finishes from.
+    passwords = {fields[0]: fields[1] for fields in (line.split(":") for line in shadow.splitlines()) if len(fields) > 1}
+    passwd = (read(os.path.join(files, "passwd")) or b"").decode(errors="replace")
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 7 and fields[4] == "BLEControl administrator" and fields[5].startswith("/home/"):
+            keys = read(os.path.join(files, "home", fields[5][len("/home/"):], ".ssh", "authorized_keys"))
+            if not (keys or b"").strip() and not passwords.get(fields[0], "").startswith("$") \
+                    and not state.boot_names & {"authorized_keys", "userconf.txt"}:
+                problems.append("administrator %s has neither a key nor a password, and the boot partition no longer has the files for the next boot" % fields[0])
     return problems
 
 
-def check_boot(disk):
-    """Problems of the FAT boot partition, repaired on a copy."""
-    copy = os.path.join(disk.scratch, "boot-state.img")
-    subprocess.run(["cp", "--sparse=always", disk.boot_path, copy], check=True)
+def check_boot(copy):
+    """Problems of the FAT boot partition, repaired on its copy."""
     problems = []
     code, out, err = run("fsck.fat", "-a", "-w", copy)
     if code not in (0, 1):
@@ -220,7 +245,6 @@ def check_boot(disk):
         code, out, _ = run("fsck.fat", "-n", copy)
         if code != 0:
             problems.append("boot partition not clean after fsck.fat -a: %s" % rig.last_lines(out.decode(errors="replace"), 2))
-    os.unlink(copy)
     return problems
 
 
@@ -236,6 +260,8 @@ def main():
     parser.add_argument("--scratch", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                         help="where each state's copies are checked (default /dev/shm: in memory, fast)")
     parser.add_argument("--max-states", type=int, default=0, help="check at most this many flush points, spread evenly (0: all)")
+    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                        help="states checked at once (default: one per CPU, at most 4: each holds a copy of the root partition in the scratch space)")
     arguments = parser.parse_args()
 
     versions = set()
@@ -261,11 +287,27 @@ def main():
         chosen = sorted({points[min(len(points) - 1, int(i * step + step / 2))] for i in range(arguments.max_states)})
     print("crash-states: %d requests logged, %d flush points after writes, checking %d" % (len(requests), len(points), len(chosen)), flush=True)
 
+    # The checks of each state (e2fsck twice, debugfs, fsck.fat) are most
+    # of the time, and the states are independent once copied: --jobs
+    # workers check them while the replay goes on to the next one (so at
+    # most jobs + 1 states' copies in the scratch space). Lines in state
+    # order.
     failed = 0
     boot_written = False
+    boot_names = disk.boot_names()
     writes = 0
-    targets = set(chosen)
-    with open(arguments.log, "rb") as log:
+    targets = {index: number for number, index in enumerate(chosen, start=1)}
+    pending = collections.deque()
+
+    def report(state, problems):
+        nonlocal failed
+        failed += bool(problems)
+        print("crash-states: state %d (flush at request %d, %d writes before it): %s%s%s" % (
+            state.number, state.request, state.writes, "FAIL" if problems else "ok",
+            " (boot partition checked)" if state.boot is not None else "",
+            "".join("\n  - " + problem for problem in problems)), flush=True)
+
+    with open(arguments.log, "rb") as log, concurrent.futures.ThreadPoolExecutor(arguments.jobs) as workers:
         for index, (offset, length, flags, data_at) in enumerate(requests):
             touched = disk.apply(log, offset, length, flags, data_at)
             if touched:
@@ -273,15 +315,16 @@ def main():
                 boot_written = boot_written or "boot" in touched
             if index not in targets:
                 continue
-            problems = check_root(disk, versions)
-            boot_checked = boot_written
             if boot_written:
-                problems += check_boot(disk)
-                boot_written = False
-            failed += bool(problems)
-            print("crash-states: state %d (flush at request %d, %d writes before it): %s%s%s" % (
-                chosen.index(index) + 1, index, writes, "FAIL" if problems else "ok", " (boot partition checked)" if boot_checked else "",
-                "".join("\n  - " + problem for problem in problems)), flush=True)
+                boot_names = disk.boot_names()
+            state = State(disk, targets[index], index, writes, boot_written, boot_names)
+            boot_written = False
+            pending.append((state, workers.submit(state.check, versions, arguments.work)))
+            while len(pending) > arguments.jobs or (pending and pending[0][1].done()):
+                state, future = pending.popleft()
+                report(state, future.result())
+        for state, future in pending:
+            report(state, future.result())
     os.rmdir(scratch)
     print("crash-states: %d states checked, %d failed" % (len(chosen), failed))
     return 1 if failed else 0
