@@ -304,21 +304,26 @@ struct StartAndReleaseTests {
 
 @Suite("Motion on the running board: the servo thread steps a move on the emulated chip")
 struct RunningMotionTests {
-    @Test("A channel with speed_us_per_s 2000 reaches its value through intermediate pulses, each higher than the last")
+    @Test("A channel with speed_us_per_s 200 reaches its value through intermediate pulses, each higher than the last")
     func rampOnTheChip() throws {
         let board = try RunningBoard(yaml: testBoard().replacingOccurrences(
             of: "- { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000 }",
-            with: "- { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000, speed_us_per_s: 2000 }"))
+            with: "- { channel: 0, output: 0, role: servo, min_us: 1000, max_us: 2000, speed_us_per_s: 200 }"))
         let central = try LoopbackTCPClient(port: board.port)
         try central.send(FrameEncoder.encode(.enable(channel: 0, on: true)) + FrameEncoder.encode(.servo(channel: 0, value: 0)))
         #expect(eventually { abs(board.pulse(0) - 1000) < 5 }, "the first value jumps")
         try central.send(FrameEncoder.encode(.servo(channel: 0, value: 1000)))
+        // 1000 µs at 200 µs/s: five seconds, 250 periods of 4 µs. The
+        // servo thread is real-time, so how many steps it writes is the
+        // machine's (a late thread takes several periods in one write;
+        // qemu-user beside two guests once wrote a 0.6 s move in one step):
+        // a few under way is the outcome, and only a stall of the whole five
+        // seconds would hide it. The steps' sizes are MotionTests' (an
+        // injected clock).
+        let under = { board.chip.history(channel: 0).map(\.pulseWidth.value).filter { $0 > 1005 && $0 < 1995 } }
+        #expect(eventually { under().count >= 3 }, "intermediate pulses: \(under())")
         #expect(eventually { abs(board.pulse(0) - 2000) < 5 }, "the move ends at its value")
-        // 1000 µs at 2000 µs/s: half a second, 25 periods of 40 µs; the
-        // chip's history holds each step it put out (the thread may be
-        // late on a busy machine and take two periods in one write).
         let widths = board.chip.history(channel: 0).map(\.pulseWidth.value).filter { $0 > 1005 }
-        #expect(widths.count >= 10, "intermediate pulses: \(widths)")
         #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "each step higher: \(widths)")
         _ = central
     }
@@ -329,10 +334,15 @@ struct RunningMotionTests {
         let client = try ControlClient(path: board.socket, timeout: Patience.time)
         _ = try client.send(FrameEncoder.encode(.enable(channel: 1, on: true)) + FrameEncoder.encode(.servo(channel: 1, value: 0)))
         #expect(eventually { abs(board.pulse(1) - 1000) < 5 })
-        _ = try client.send(FrameEncoder.encode(.servo(channel: 1, value: 1000)), over: .milliseconds(500))
+        // Two minutes: under way when a poll looks, however late the
+        // machine lets the servo thread run (see rampOnTheChip); a plain
+        // command then ends it at its value.
+        _ = try client.send(FrameEncoder.encode(.servo(channel: 1, value: 1000)), over: .seconds(120))
+        #expect(eventually { (1005.0..<1995.0).contains(board.pulse(1)) }, "a move in steps, not a jump: \(board.pulse(1))")
+        _ = try client.send(FrameEncoder.encode(.servo(channel: 1, value: 1000)))
         #expect(eventually { abs(board.pulse(1) - 2000) < 5 })
         let widths = board.chip.history(channel: 1).map(\.pulseWidth.value).filter { $0 > 1005 }
-        #expect(widths.count >= 5, "a move in steps, not a jump: \(widths)")
+        #expect(widths.count >= 2, "a move in steps, not a jump: \(widths)")
         #expect(zip(widths, widths.dropFirst()).allSatisfy { $0 < $1 }, "\(widths)")
     }
 }
