@@ -27,6 +27,28 @@ check() {
     shift 2
     if "$@" >"$work/why" 2>&1; then pass "$id" "$what"; else fail "$id" "$what" "$(tail -n 3 "$work/why" | tr '\n' ' ')"; fi
 }
+# The kernel's word on this boot, in the results (CI keeps only the tail of
+# a run's output, not the journal). A file-system or block-device error is
+# a card that lost or mangled data: a failed check. A program killed by a
+# fault the kernel reports (arm64's show_unhandled_signals: "unhandled
+# ...") is named for the host: the check it broke fails on its own, and
+# this says whether the kernel saw a crash (stop 49's CI: three
+# "Segmentation fault" of blecontrol in boot 2, with crash states that
+# e2fsck -p could not repair, and no journal kept to tell why).
+no_disk_errors() {
+    local found
+    found=$(journalctl -k -b -q -o cat | grep -E 'EXT4-fs error|EXT4-fs warning|I/O error|FAT-fs .*error|Remounting filesystem read-only|blk_update_request|critical medium error' | head -n 3)
+    [ -z "$found" ] || { echo "$found"; return 1; }
+}
+faults_seen() {
+    local found
+    found=$(journalctl -k -b -q -o cat | grep -E 'unhandled|segfault at|traps: ' | head -n 5 | tr '\n' ';')
+    [ -z "$found" ] || info "faults the kernel reported this boot: $found"
+}
+kernel_verdict() { # ID
+    check "$1" "the kernel logged no file-system or block-device error this boot" no_disk_errors
+    faults_seen
+}
 # until_true TRIES COMMAND...: COMMAND succeeds within TRIES tries, half a
 # second apart. Bounded by tries, not a clock, and never fewer than 240
 # (two minutes and more): an emulated board on a busy host is slow, and
@@ -253,6 +275,7 @@ after_watchdog_reset() {
     check soak "a short soak under the real bluetoothd: the demo app's traffic over the air, bluetoothd restarted and the board reloaded in turn; every session served, no descriptor or thread kept" image_soak
     info "$(cat "$work/soak-summary" 2>/dev/null)"
     btvirt_report
+    kernel_verdict k2
     {
         echo "=== boot 2: journal up to j1's flood"; cat "$work/journal-before-flood.txt"
         if [ -s "$work/flood-end" ]; then
@@ -914,6 +937,7 @@ doctor_system() {
 }
 check d1 "blecontrol doctor on the image: the watchdog armed, the boot-time all-off enabled, the journal's limit, the file systems; no warning" doctor_system
 test_watchdog_back
+kernel_verdict k1
 # A panic with kernel.panic = 0 (Debian's) halts for good: only the
 # hardware watchdog can reset it. Outputs live when it hangs: what the
 # chip holds through the reset is saved for setup.sh to put back.
