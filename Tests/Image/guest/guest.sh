@@ -275,7 +275,7 @@ after_watchdog_reset() {
     check soak "a short soak under the real bluetoothd: the demo app's traffic over the air, bluetoothd restarted and the board reloaded in turn; every session served, no descriptor or thread kept" image_soak
     info "$(cat "$work/soak-summary" 2>/dev/null)"
     btvirt_report
-    kernel_verdict k2
+    kernel_verdict kl2
     {
         echo "=== boot 2: journal up to j1's flood"; cat "$work/journal-before-flood.txt"
         if [ -s "$work/flood-end" ]; then
@@ -937,7 +937,7 @@ doctor_system() {
 }
 check d1 "blecontrol doctor on the image: the watchdog armed, the boot-time all-off enabled, the journal's limit, the file systems; no warning" doctor_system
 test_watchdog_back
-kernel_verdict k1
+kernel_verdict kl1
 # A panic with kernel.panic = 0 (Debian's) halts for good: only the
 # hardware watchdog can reset it. Outputs live when it hangs: what the
 # chip holds through the reset is saved for setup.sh to put back.
