@@ -139,12 +139,12 @@ public final class BLECentral: @unchecked Sendable {
             throw CentralError("could not connect to \(board.name) (\(board.address)): \(error)")
         }
         let deadline = ContinuousClock.now + timeout
-        while try !servicesResolved(board.path) {
+        while try !servicesResolved(board.path, within: deadline) {
             guard resolved.take(until: deadline) != nil else {
                 throw CentralError("connected to \(board.name), but bluetoothd did not resolve its services within \(timeout)")
             }
         }
-        guard let characteristic = try characteristicPath(under: board.path) else {
+        guard let characteristic = try characteristicPath(under: board.path, within: deadline) else {
             disconnect(board.path)
             throw CentralError("\(board.name) (\(board.address)) has no BLEControl characteristic FFE1: not a BLEControl board")
         }
@@ -187,10 +187,11 @@ public final class BLECentral: @unchecked Sendable {
 
     // MARK: bluetoothd's object tree
 
-    private static func managedObjects(_ connection: DBusConnection) throws -> [String: [String: [String: DBusValue]]] {
+    private static func managedObjects(_ connection: DBusConnection, timeout: Duration = .seconds(5)) throws -> [String: [String: [String: DBusValue]]] {
         let reply: [DBusValue]
         do {
-            reply = try connection.callAndWait(destination: "org.bluez", path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects")
+            reply = try connection.callAndWait(destination: "org.bluez", path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects",
+                                               timeout: timeout)
         } catch {
             throw CentralError("bluetoothd does not answer on the system bus (is bluetooth.service running?): \(error)")
         }
@@ -277,14 +278,23 @@ public final class BLECentral: @unchecked Sendable {
         _ = try? connection.callAndWait(destination: "org.bluez", path: adapterPath, interface: "org.bluez.Adapter1", method: "StopDiscovery", timeout: .seconds(2))
     }
 
-    private func servicesResolved(_ path: String) throws -> Bool {
+    /// A call made while connecting waits as long as the connect may (its
+    /// deadline; never less than the 5 s of a call to an idle bluetoothd):
+    /// right after Connect, bluetoothd is busy resolving the services, and
+    /// in the VM tier's guest on a loaded host it took more than 5 s to
+    /// answer a Properties.Get.
+    private func callTimeout(within deadline: ContinuousClock.Instant) -> Duration {
+        max(.seconds(5), deadline - .now)
+    }
+
+    private func servicesResolved(_ path: String, within deadline: ContinuousClock.Instant) throws -> Bool {
         let reply = try connection.callAndWait(destination: "org.bluez", path: path, interface: "org.freedesktop.DBus.Properties", method: "Get",
-                                               arguments: [.string("org.bluez.Device1"), .string("ServicesResolved")])
+                                               arguments: [.string("org.bluez.Device1"), .string("ServicesResolved")], timeout: callTimeout(within: deadline))
         return reply.first?.boolValue == true
     }
 
-    private func characteristicPath(under device: String) throws -> String? {
-        let objects = try Self.managedObjects(connection)
+    private func characteristicPath(under device: String, within deadline: ContinuousClock.Instant) throws -> String? {
+        let objects = try Self.managedObjects(connection, timeout: callTimeout(within: deadline))
         return objects.keys.sorted().first { path in
             guard path.hasPrefix(device + "/"), let characteristic = objects[path]?["org.bluez.GattCharacteristic1"],
                   characteristic["UUID"]?.stringValue?.lowercased() == Self.characteristicUUID,
