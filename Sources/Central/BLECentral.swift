@@ -187,7 +187,7 @@ public final class BLECentral: @unchecked Sendable {
 
     // MARK: bluetoothd's object tree
 
-    private static func managedObjects(_ connection: DBusConnection, timeout: Duration = .seconds(5)) throws -> [String: [String: [String: DBusValue]]] {
+    private static func managedObjects(_ connection: DBusConnection, timeout: Duration = DBusConnection.defaultTimeout) throws -> [String: [String: [String: DBusValue]]] {
         let reply: [DBusValue]
         do {
             reply = try connection.callAndWait(destination: "org.bluez", path: "/", interface: "org.freedesktop.DBus.ObjectManager", method: "GetManagedObjects",
@@ -279,12 +279,12 @@ public final class BLECentral: @unchecked Sendable {
     }
 
     /// A call made while connecting waits as long as the connect may (its
-    /// deadline; never less than the 5 s of a call to an idle bluetoothd):
+    /// deadline; never less than a call's default wait):
     /// right after Connect, bluetoothd is busy resolving the services, and
     /// in the VM tier's guest on a loaded host it took more than 5 s to
     /// answer a Properties.Get.
     private func callTimeout(within deadline: ContinuousClock.Instant) -> Duration {
-        max(.seconds(5), deadline - .now)
+        max(DBusConnection.defaultTimeout, deadline - .now)
     }
 
     private func servicesResolved(_ path: String, within deadline: ContinuousClock.Instant) throws -> Bool {

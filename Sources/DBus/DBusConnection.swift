@@ -139,9 +139,14 @@ public final class DBusConnection: @unchecked Sendable {
 
     // MARK: Calls
 
+    /// How long a call waits for its reply unless told otherwise: ample
+    /// for a local service that is not busy (bluetoothd answers in
+    /// milliseconds).
+    public static let defaultTimeout: Duration = .seconds(5)
+
     /// Calls a method; `completion` runs on the loop with the out arguments
     /// or the error (a timeout is `NoReply`).
-    public func call(destination: String, path: String, interface: String, method: String, arguments: [DBusValue] = [], timeout: Duration = .seconds(5), completion: @escaping @Sendable (Result<[DBusValue], DBusFailure>) -> Void) {
+    public func call(destination: String, path: String, interface: String, method: String, arguments: [DBusValue] = [], timeout: Duration = DBusConnection.defaultTimeout, completion: @escaping @Sendable (Result<[DBusValue], DBusFailure>) -> Void) {
         execute { [self] in
             guard let raw, !closed else { return completion(.failure(DBusFailure(DBusFailure.disconnected, "not connected"))) }
             guard DBusNames.isValidBusName(destination), DBusNames.isValidPath(path), DBusNames.isValidInterface(interface), DBusNames.isValidMember(method),
@@ -165,7 +170,7 @@ public final class DBusConnection: @unchecked Sendable {
     }
 
     /// Calls a method and waits for the answer (never on the loop).
-    public func callAndWait(destination: String, path: String, interface: String, method: String, arguments: [DBusValue] = [], timeout: Duration = .seconds(5)) throws -> [DBusValue] {
+    public func callAndWait(destination: String, path: String, interface: String, method: String, arguments: [DBusValue] = [], timeout: Duration = DBusConnection.defaultTimeout) throws -> [DBusValue] {
         precondition(!loop.inLoop, "callAndWait on the connection's loop would deadlock")
         let promise = Promise<Result<[DBusValue], DBusFailure>>()
         call(destination: destination, path: path, interface: interface, method: method, arguments: arguments, timeout: timeout) { result in
