@@ -35,19 +35,17 @@ check() {
 # this says whether the kernel saw a crash (stop 49's CI: three
 # "Segmentation fault" of blecontrol in boot 2, with crash states that
 # e2fsck -p could not repair, and no journal kept to tell why).
-no_disk_errors() {
+no_disk_errors() { # KERNEL-LOG
     local found
-    found=$(journalctl -k -b -q -o cat | grep -E 'EXT4-fs error|EXT4-fs warning|I/O error|FAT-fs .*error|Remounting filesystem read-only|blk_update_request|critical medium error' | head -n 3)
+    found=$(grep -E 'EXT4-fs error|EXT4-fs warning|I/O error|FAT-fs .*error|Remounting filesystem read-only|blk_update_request|critical medium error' "$1" | head -n 3)
     [ -z "$found" ] || { echo "$found"; return 1; }
 }
-faults_seen() {
-    local found
-    found=$(journalctl -k -b -q -o cat | grep -E 'unhandled|segfault at|traps: ' | head -n 5 | tr '\n' ';')
+kernel_verdict() { # ID: the boot's kernel log read once, for both
+    local log=$work/kernel-$1.log found
+    journalctl -k -b -q -o cat >"$log" 2>&1
+    check "$1" "the kernel logged no file-system or block-device error this boot" no_disk_errors "$log"
+    found=$(grep -E 'unhandled|segfault at|traps: ' "$log" | head -n 5 | tr '\n' ';')
     [ -z "$found" ] || info "faults the kernel reported this boot: $found"
-}
-kernel_verdict() { # ID
-    check "$1" "the kernel logged no file-system or block-device error this boot" no_disk_errors
-    faults_seen
 }
 # until_true TRIES COMMAND...: COMMAND succeeds within TRIES tries, half a
 # second apart. Bounded by tries, not a clock, and never fewer than 240
