@@ -197,6 +197,15 @@ final class SimulatorDaemon {
         guard let seen else { throw HarnessError(description: "never saw \(what); last status: \(last)") }
         return seen
     }
+
+    /// Waits until the PCA9685 and the LCD are online: their start-up writes
+    /// (the LCD's power-on sequence) run on the bus after the socket answers.
+    @discardableResult
+    func waitForChipsOnline() throws -> [String: Any] {
+        try waitFor("the PCA9685 and the LCD online") { status in
+            ((status["servo"] as? [String: Any])?["online"] as? Bool) == true && ((status["lcd"] as? [String: Any])?["online"] as? Bool) == true
+        }
+    }
 }
 
 /// Status accessors.

@@ -53,9 +53,8 @@ struct DoctorCommandTests {
     @Test("On the simulator board with the daemon running: emulated hardware, the daemon's status, exit 0")
     func simulator() throws {
         let daemon = try SimulatorDaemon()
-        // The LCD comes online once its power-on sequence has run on the
-        // emulated bus: on a loaded machine, after the socket answers.
-        _ = try daemon.waitFor("the LCD online") { (($0["lcd"] as? [String: Any])?["online"] as? Bool) == true }
+        // On a loaded machine the doctor could otherwise ask before them.
+        try daemon.waitForChipsOnline()
         let board = repositoryRoot.appendingPathComponent("board/simulator.yaml").path
         let result = try daemon.cli(["doctor", "--board", board])
         #expect(result.status == 0, "stdout:\n\(result.stdout)\nstderr:\n\(result.stderr)")

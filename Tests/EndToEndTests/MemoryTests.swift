@@ -89,9 +89,7 @@ struct MemoryTests {
         let daemon = try SimulatorDaemon(extraArguments: ["--board", board], binary: binary)
         let pid = daemon.process.processIdentifier
         try #require(!Self.emulated(pid), "qemu-user: /proc shows the emulator's threads")
-        _ = try daemon.waitFor("the chips and the LCD initialised") { status in
-            ((status["servo"] as? [String: Any])?["online"] as? Bool) == true && ((status["lcd"] as? [String: Any])?["online"] as? Bool) == true
-        }
+        try daemon.waitForChipsOnline()
         // Each thread's stack pointer shows while it waits in a system call.
         let threads: Set<String> = ["blecontrol-io", "blecontrol-serv", "blecontrol-lcd", "blecontrol-dbus"]
         let stacks = eventuallyValue { () -> [(name: String, stack: Mapping)]? in
