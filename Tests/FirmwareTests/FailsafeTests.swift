@@ -162,6 +162,26 @@ struct ServoEngineTests {
         #expect(after.first?.enabled == false)
     }
 
+    @Test("A servo thread that runs late still writes the ESC's neutral: the dwell counts from the write that put it on the chip")
+    func lateThreadKeepsNeutral() throws {
+        var engine = ServoEngine(channels: try simulatorChannels(dwellMs: 150), timing: ServoPath.Timing())
+        let t0 = ContinuousClock.now
+        _ = engine.setEnabled(true, channel: 4, receivedAt: t0)
+        _ = engine.submit(.servo(600), channel: 4, receivedAt: t0)
+        _ = flush(&engine, at: t0)
+        let t1 = t0 + .seconds(1)
+        _ = engine.engageFailsafe(reason: "test", at: t1)
+        // The thread's next turn comes 640 ms late (a busy machine): past the dwell.
+        let late = t1 + .milliseconds(640)
+        let neutral = flush(&engine, at: late)
+        #expect(neutral.first { $0.channel == 4 }?.value == .pulse(Microseconds(1000)), "neutral first, not off: \(neutral)")
+        #expect(neutral.first { $0.channel == 4 }?.enabled == true)
+        let waiting = engine.nextAction(at: late + .milliseconds(149))
+        #expect(waiting == .wait(until: late + .milliseconds(150)))
+        let off = flush(&engine, at: late + .milliseconds(150))
+        #expect(off.map(\.channel) == [4] && off.first?.enabled == false)
+    }
+
     @Test("servo.output_enable: OE let through once every output is off at start, taken away at stop after the all-off")
     func outputEnableLine() throws {
         let board = try RunningBoard(yaml: testBoard().replacingOccurrences(

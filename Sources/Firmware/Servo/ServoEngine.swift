@@ -42,6 +42,11 @@ struct ServoEngine {
     private var receivedAt: [ContinuousClock.Instant?]
     /// ESC channels holding their neutral pulse until this instant.
     private var dwellUntil: [ContinuousClock.Instant?]
+    /// ESC channels whose neutral pulse is staged but not yet on the chip:
+    /// their dwell starts when a flush puts it there, so a servo thread
+    /// that runs late never skips the neutral (an ESC would see its signal
+    /// stop without the neutral it brakes on).
+    private var dwellAfterFlush: [Bool]
     private(set) var configured: [Int]
     /// Outputs of channels a reload removed or moved: written off once.
     private var retired: [(chip: Int, output: Int)] = []
@@ -91,6 +96,7 @@ struct ServoEngine {
         dirty = Array(repeating: false, count: Self.channelSlots)
         receivedAt = Array(repeating: nil, count: Self.channelSlots)
         dwellUntil = Array(repeating: nil, count: Self.channelSlots)
+        dwellAfterFlush = Array(repeating: false, count: Self.channelSlots)
         position = Array(repeating: .nan, count: Self.channelSlots)
         velocity = Array(repeating: 0, count: Self.channelSlots)
         moving = Array(repeating: false, count: Self.channelSlots)
@@ -162,7 +168,7 @@ struct ServoEngine {
         state.released = false
         if enabled {
             state.latched = false
-            dwellUntil[channel] = nil
+            clearDwell(channel)
         }
         channels[channel] = state
         // Enabled again with a value away from where the pulse last was:
@@ -201,7 +207,8 @@ struct ServoEngine {
                 state.output = .pulse(width)
                 position[channel] = width.value
                 state.latched = true
-                dwellUntil[channel] = now + configuration.failsafeDwell
+                dwellUntil[channel] = nil
+                dwellAfterFlush[channel] = true
             case (.esc, _):
                 state.enabled = false
                 state.output = nil
@@ -309,6 +316,12 @@ struct ServoEngine {
     mutating func flushSucceeded(transactions: Int, at now: ContinuousClock.Instant) {
         metrics.flushes += 1
         metrics.busTransactions += transactions
+        for item in batch where item.channel >= 0 && dwellAfterFlush[item.channel] {
+            dwellAfterFlush[item.channel] = false
+            if let dwell = channels[item.channel]?.configuration.failsafeDwell {
+                dwellUntil[item.channel] = now + dwell
+            }
+        }
         for item in batch {
             guard let received = item.receivedAt else { continue }
             let elapsed = received.duration(to: now)
@@ -363,7 +376,7 @@ struct ServoEngine {
                 touched.append(configuration.channel)
                 dirty[configuration.channel] = true
                 receivedAt[configuration.channel] = nil
-                dwellUntil[configuration.channel] = nil
+                clearDwell(configuration.channel)
             }
         }
         for channel in configured {
@@ -376,7 +389,7 @@ struct ServoEngine {
                 if kept == nil {
                     touched.append(channel)
                     dirty[channel] = false
-                    dwellUntil[channel] = nil
+                    clearDwell(channel)
                     stopMotion(channel)
                     position[channel] = .nan
                 }
@@ -417,6 +430,11 @@ struct ServoEngine {
             return nil
         }
         return now + perToken * (1 - flushTokens)
+    }
+
+    private mutating func clearDwell(_ channel: Int) {
+        dwellUntil[channel] = nil
+        dwellAfterFlush[channel] = false
     }
 
     /// Ends ESC dwells that are due; returns the next dwell deadline, if any.
