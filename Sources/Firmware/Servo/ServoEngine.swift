@@ -207,7 +207,7 @@ struct ServoEngine {
                 state.output = .pulse(width)
                 position[channel] = width.value
                 state.latched = true
-                dwellUntil[channel] = nil
+                clearDwell(channel)
                 dwellAfterFlush[channel] = true
             case (.esc, _):
                 state.enabled = false
@@ -316,13 +316,13 @@ struct ServoEngine {
     mutating func flushSucceeded(transactions: Int, at now: ContinuousClock.Instant) {
         metrics.flushes += 1
         metrics.busTransactions += transactions
-        for item in batch where item.channel >= 0 && dwellAfterFlush[item.channel] {
-            dwellAfterFlush[item.channel] = false
-            if let dwell = channels[item.channel]?.configuration.failsafeDwell {
-                dwellUntil[item.channel] = now + dwell
-            }
-        }
         for item in batch {
+            if item.channel >= 0 && dwellAfterFlush[item.channel] {
+                dwellAfterFlush[item.channel] = false
+                if let dwell = channels[item.channel]?.configuration.failsafeDwell {
+                    dwellUntil[item.channel] = now + dwell
+                }
+            }
             guard let received = item.receivedAt else { continue }
             let elapsed = received.duration(to: now)
             latency.record(elapsed)
