@@ -167,6 +167,40 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
+// The aarch64 tier's test bundle (scripts/build-arm64 sets
+// BLECONTROL_ARCH_TESTS=1) holds only the suites whose result can depend on
+// the architecture, run there under qemu-user: the C ABI and ioctl
+// structures (ReactorTests: epoll_event, which x86_64 packs and aarch64
+// does not, signalfd, eventfd, sockets; LinuxHardwareTests: i2c_rdwr and
+// the GPIO character device), libdbus's marshalling (BlueZTests),
+// libmosquitto's ABI and the threads, priorities and clocks of the servo
+// path (FirmwareTests), and the arm64 daemon and CLI as processes: /proc,
+// signals, memory locking, stack sizes (EndToEndTests, which start the
+// release binaries, so no executable is built in debug). Left to the host,
+// each with its reason:
+//   BLEControlProtocolTests  byte arithmetic on [UInt8]: every multi-byte
+//                            value is assembled with shifts, never by
+//                            reinterpreting memory; no C, no I/O
+//   BoardTests               text to values (YAML, the schema); no C, no I/O
+//   ControlTests             JSON text to values and back
+//   DeviceEmulatorsTests     register models in plain Swift
+//   DevicesTests             drivers against emulated buses: the byte
+//                            sequences they produce, computed in Swift
+//   DoctorTests              reads fixture trees (/proc, /sys, config files)
+//                            as text
+// Under qemu they were the most CPU of the run (the property tests above
+// all) and cannot fail on arm64 unless Swift itself does; built, they were
+// a third of the cross-compiled test build.
+if Context.environment["BLECONTROL_ARCH_TESTS"] == "1" {
+    let hostOnly: Set<String> = [
+        "BLEControlProtocolTests", "BoardTests", "ControlTests", "DeviceEmulatorsTests", "DevicesTests", "DoctorTests",
+        // The programs and what only they use.
+        "blecontrold", "blecontrol", "blecontrol-bench", "Arguments", "Central", "Doctor", "CAllocationCounter",
+    ]
+    package.targets.removeAll { hostOnly.contains($0.name) }
+    package.products.removeAll { hostOnly.contains($0.name) }
+}
+
 // libFuzzer targets (Fuzz/), only when scripts/fuzz asks for them: they are
 // built with -sanitize=fuzzer and -parse-as-library, which no other
 // executable here survives, and they have no place in a normal build.
