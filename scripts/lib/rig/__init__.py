@@ -230,6 +230,25 @@ def poll(check: Callable[[], "str | None"], *, tries: "int | None" = None, inter
     return why
 
 
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` (zombies, whose files
+    are closed already, left out), found by walking /proc: a group whose
+    leader is gone cannot be waited for any other way."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # proc(5): field 3 the state, field 5 the pgrp.
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(group):
+            members.append(int(entry))
+    return members
+
+
 PROGRESS_ENV = "RIG_PROGRESS"
 """Names the file `progress` touches; unset, it does nothing."""
 
