@@ -170,7 +170,7 @@ def reflink_space(scratch, size):
     sparse file of `size` bytes in `scratch` (memory only for the blocks
     written), and why not when it cannot be (then None)."""
     if os.environ.get(PRIVATE_ENV) != "1":
-        return None, "not in a private mount namespace (not root, or no unshare)"
+        return None, "not in a private mount namespace (not root, or no unshare or mkfs.xfs)"
     backing, mount = os.path.join(scratch, "reflink.xfs"), os.path.join(scratch, "reflink")
     with open(backing, "wb") as f:
         f.truncate(size)
