@@ -213,6 +213,8 @@ public final class BLEPeripheral: @unchecked Sendable {
                 setDetail(text)
                 // On the air (again): fast first.
                 if text == "advertising" { advertiseFast() }
+            case .onAir:
+                startFastPeriod()
             }
         }
         publish()
@@ -530,14 +532,26 @@ public final class BLEPeripheral: @unchecked Sendable {
     // MARK: Advertising interval
 
     /// The fast interval for `fastAdvertisingPeriod`, then the slow one.
+    /// The period counts from when bluetoothd holds the fast advertisement
+    /// (``startFastPeriod()``), not from when it was asked for: a period
+    /// that ended before the registration did would leave the registration
+    /// carrying whichever interval bluetoothd happened to read.
     private func advertiseFast() {
         if let intervalTimer { loop.cancel(intervalTimer) }
+        intervalTimer = nil
+        setInterval(.fast)
+        startFastPeriod()
+    }
+
+    /// Starts the fast period's timer once the fast advertisement is on
+    /// the air (Registration's `.onAir`, or at once if it already was).
+    private func startFastPeriod() {
+        guard interval == .fast, intervalTimer == nil, registration.isAdvertising else { return }
         intervalTimer = loop.schedule(after: configuration.fastAdvertisingPeriod) { [weak self] in
             guard let self else { return }
             self.intervalTimer = nil
             self.setInterval(.slow)
         }
-        setInterval(.fast)
     }
 
     private func setInterval(_ new: AdvertisingInterval) {

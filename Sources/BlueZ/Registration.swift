@@ -67,6 +67,9 @@ struct Registration: Sendable {
         case dropSessions
         /// A line for status and the log.
         case report(String)
+        /// The advertisement bluetoothd holds carries the properties as they
+        /// are now: no change of them is waiting to be registered.
+        case onAir
     }
 
     enum Event: Sendable, Equatable {
@@ -87,7 +90,10 @@ struct Registration: Sendable {
         case agentReleased
         case retry(generation: Int)
         /// Register the advertisement again (its properties changed: the
-        /// advertising interval); ignored unless on the air.
+        /// advertising interval). On the air: at once. While a registration
+        /// is under way: once it stands, since bluetoothd may have read the
+        /// old properties already. Otherwise ignored: the next registration
+        /// reads them as they are then.
         case readvertise
     }
 
@@ -111,6 +117,11 @@ struct Registration: Sendable {
     /// Between `.readvertise` and the new advertisement's registration:
     /// still on the air as far as anyone outside can tell.
     private(set) var readvertising = false
+    /// A `.readvertise` came after RegisterAdvertisement was sent:
+    /// bluetoothd reads the properties while it handles that call, so the
+    /// one it answers may carry the old interval (a fast period that ended,
+    /// or a central that left, mid-registration).
+    private var readvertisePending = false
 
     init(options: Options) { self.options = options }
 
@@ -203,11 +214,12 @@ struct Registration: Sendable {
             agentRegistered = false
             return []
         case .readvertise:
+            if phase == .registeringAdvertisement {
+                readvertisePending = true
+                return []
+            }
             guard phase == .advertising, advertisementRegistered else { return [] }
-            advertisementRegistered = false
-            readvertising = true
-            phase = .registeringAdvertisement
-            return [.call(.unregisterAdvertisement, generation: generation)]
+            return readvertise()
         case .retry(let stamp):
             guard stamp == generation else { return [] }
             switch phase {
@@ -235,15 +247,28 @@ struct Registration: Sendable {
         }
         if !advertisementRegistered {
             phase = .registeringAdvertisement
+            // bluetoothd reads the properties from here on: as they are now.
+            readvertisePending = false
             return [.call(.registerAdvertisement, generation: generation)]
         }
         phase = .advertising
+        var actions: [Action] = []
         if readvertising {
             readvertising = false
-            return []
+        } else {
+            registrations += 1
+            actions.append(.report("advertising"))
         }
-        registrations += 1
-        return [.report("advertising")]
+        if readvertisePending { return actions + readvertise() }
+        return actions + [.onAir]
+    }
+
+    /// Withdraws the advertisement to register it again with new properties.
+    private mutating func readvertise() -> [Action] {
+        advertisementRegistered = false
+        readvertising = true
+        phase = .registeringAdvertisement
+        return [.call(.unregisterAdvertisement, generation: generation)]
     }
 
     private mutating func inspect() -> [Action] {

@@ -33,6 +33,9 @@ final class FakeBlueZ: @unchecked Sendable {
     /// RegisterAdvertisement left unanswered, as bluetoothd leaves it while
     /// the kernel takes the advertisement.
     let holdAdvertisements = LockedBox(false)
+    /// How long bluetoothd takes before it reads a registered
+    /// advertisement's properties (a busy machine, qemu-user).
+    let advertisementReadDelay = LockedBox(Duration.zero)
     /// LEAdvertisingManager1 calls in the order they came ("register" or
     /// "unregister", then the path).
     let advertisingCalls = Collected<String>()
@@ -72,11 +75,13 @@ final class FakeBlueZ: @unchecked Sendable {
             let path = call.arguments[0].stringValue ?? "/"
             advertisingCalls.append("register \(path)")
             if holdAdvertisements.value { return }
-            connection.call(destination: call.sender, path: path, interface: "org.freedesktop.DBus.Properties", method: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")], timeout: Patience.time) { result in
-                guard case .success(let values) = result, let properties = values.first?.dictionaryValue else { return call.fail("org.bluez.Error.Failed", "no properties") }
-                self.registered.append("adv \(properties["LocalName"]?.stringValue ?? "?") discoverable=\(properties["Discoverable"]?.boolValue ?? false)")
-                self.intervals.append("\(properties["MinInterval"]?.integerValue ?? -1)-\(properties["MaxInterval"]?.integerValue ?? -1)")
-                call.reply()
+            _ = loop.schedule(after: advertisementReadDelay.value) { [unowned self] in
+                connection.call(destination: call.sender, path: path, interface: "org.freedesktop.DBus.Properties", method: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")], timeout: Patience.time) { result in
+                    guard case .success(let values) = result, let properties = values.first?.dictionaryValue else { return call.fail("org.bluez.Error.Failed", "no properties") }
+                    self.registered.append("adv \(properties["LocalName"]?.stringValue ?? "?") discoverable=\(properties["Discoverable"]?.boolValue ?? false)")
+                    self.intervals.append("\(properties["MinInterval"]?.integerValue ?? -1)-\(properties["MaxInterval"]?.integerValue ?? -1)")
+                    call.reply()
+                }
             }
         }
         advertising.method("UnregisterAdvertisement", in: "o") { [unowned self] call in
@@ -459,8 +464,13 @@ struct BLEPeripheralTests {
         let bluez = try FakeBlueZ(address: bus.address)
         defer { bluez.close() }
         let events = Events()
-        // A short fast period: the test waits for the order of events, never for a time.
-        let ble = try peripheral(bus, events: events, fastAdvertisingPeriod: .milliseconds(200))
+        // A fast period far shorter than the time bluetoothd takes to read
+        // the advertisement: the period counts from when bluetoothd holds
+        // the fast advertisement, so the order below is the same however
+        // slow the machine (the test waits for the order of events, never
+        // for a time).
+        bluez.advertisementReadDelay.value = .milliseconds(20)
+        let ble = try peripheral(bus, events: events, fastAdvertisingPeriod: .milliseconds(1))
         ble.start()
         defer { ble.stop() }
         // Fast at first, then slow (registered again with the new interval).
