@@ -466,6 +466,13 @@ enum EmbeddedWeb {
     }
   }
 
+  /** requestDevice refused for want of a user's gesture: the renderer
+   * says so at once when the tap's activation has lapsed, the browser
+   * process later when its own check of it finds it lapsed. */
+  function refusedGesture(error) {
+    return error.message.includes('user gesture');
+  }
+
   async function connect() {
     via = 'bluetooth';
     setState('connecting', 'Choose the board in the browser’s list…');
@@ -476,7 +483,9 @@ enum EmbeddedWeb {
         optionalServices: [SERVICE, 'device_information'],
       });
     } catch (error) {
-      setState('disconnected', error.name === 'NotFoundError' ? 'No board chosen' : 'Cannot scan: ' + error.message);
+      setState('disconnected', error.name === 'NotFoundError' ? 'No board chosen'
+        : refusedGesture(error) ? 'The browser did not take that as a tap (a busy phone can be late): press Connect again'
+        : 'Cannot scan: ' + error.message);
       return;
     }
     if (device && device !== chosen) device.removeEventListener('gattserverdisconnected', onDisconnected);

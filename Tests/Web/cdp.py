@@ -108,16 +108,19 @@ class Chromium:
             timeout = 0.0
             deadline = time.monotonic()
 
-    def wait_event(self, predicate, since=0, tries=1200):
+    def wait_event(self, predicate, since=0, tries=1200, give_up=None):
         """The first event from history[since] on (old or new) for which
         predicate holds, or None once `tries` waits of 0.1 s have brought no
         event (two minutes and more of quiet: bounded by tries, not a clock,
-        so a busy machine only stretches the wait)."""
+        so a busy machine only stretches the wait), or as soon as `give_up()`,
+        asked before each wait, is true (the event will not come)."""
         for event in self.history[since:]:
             if predicate(event):
                 return event
         quiet = 0
         while quiet < tries:
+            if give_up is not None and give_up():
+                return None
             fresh = self.pump(0.1)
             if not fresh:
                 quiet += 1
