@@ -373,7 +373,11 @@ class Results:
 
     written to `path` (and, when given, to `also`, e.g. a virtio port) as
     they happen, and echoed to standard output (unless echo is False: a rig
-    that prints every result in one list at its end)."""
+    that prints every result in one list at its end). Beside `path`,
+    `path`.times gets each line's id after the monotonic clock's reading
+    when it was recorded: where a long rig's time goes, check by check
+    (the clock is the machine's, so the lines of two processes that append
+    to one file line up)."""
 
     def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
                  append: bool = False, also: "str | os.PathLike[str] | None" = None,
@@ -382,18 +386,24 @@ class Results:
         self.passed = 0
         self.failed: list[str] = []
         self._files = []
+        self._times = None
         if path is not None:
+            times = Path(f"{os.fspath(path)}.times")
             if not append:
                 Path(path).write_text("")
+                times.write_text("")
             # Always O_APPEND: a child that appends to the same file (the VM's
             # BLE checks) never has its lines overwritten from a stale offset.
             self._files.append(open(path, "a", buffering=1))
+            self._times = open(times, "a", buffering=1)
         if also is not None:
             self._files.append(open(also, "w", buffering=1))
 
     def record(self, line: str) -> None:
         for handle in self._files:
             handle.write(line + "\n")
+        if self._times is not None:
+            self._times.write(f"{time.monotonic():.1f} {' '.join(line.split()[:2])}\n")
         if self.echo:
             print(line, flush=True)
 
@@ -430,6 +440,9 @@ class Results:
         for handle in self._files:
             handle.close()
         self._files = []
+        if self._times is not None:
+            self._times.close()
+            self._times = None
 
 
 def read_results(path: "str | os.PathLike[str]") -> tuple[list[str], list[str]]:
