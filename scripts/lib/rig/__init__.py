@@ -231,22 +231,45 @@ def poll(check: Callable[[], "str | None"], *, tries: "int | None" = None, inter
 
 
 def group_members(group: int) -> list[int]:
-    """The live processes of process group `group` (zombies, whose files
-    are closed already, left out), found by walking /proc: a group whose
-    leader is gone cannot be waited for any other way."""
+    """The live processes of process group `group`, found by walking /proc:
+    a group whose leader is gone cannot be waited for any other way. A
+    zombie is left out (its files are closed), but only once every thread
+    of it is: a process whose first thread has exited shows "Z" in
+    /proc/PID/stat while its other threads live on and keep its files
+    open: a killed QEMU's lock on the power cuts' disk outlived its first
+    thread, and the boot after the cuts could not take it ("Failed to get
+    "write" lock", QEMU's exit 1: cold6, and stop 54's CI by the same
+    words). scripts/lib/rig/processes.py checks this against the kernel."""
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        state_and_group = proc_stat(f"/proc/{entry}/stat")
+        if state_and_group is None or state_and_group[1] != group:
             continue
-        # proc(5): field 3 the state, field 5 the pgrp.
-        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(group):
+        if state_and_group[0] != "Z" or _any_thread_live(entry):
             members.append(int(entry))
     return members
+
+
+def proc_stat(stat_path: str) -> "tuple[str, int] | None":
+    """proc(5)'s field 3 (the state) and field 5 (the pgrp) of a stat file
+    (/proc/PID/stat or /proc/PID/task/TID/stat); None when it is gone."""
+    try:
+        with open(stat_path) as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _any_thread_live(pid: str) -> bool:
+    """Whether a thread of process `pid` is not a zombie."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any((proc_stat(f"/proc/{pid}/task/{task}/stat") or ("Z", 0))[0] != "Z" for task in tasks)
 
 
 PROGRESS_ENV = "RIG_PROGRESS"
