@@ -37,13 +37,16 @@ public final class BLECentral: @unchecked Sendable {
     /// The adapter in use, e.g. `/org/bluez/hci0`.
     public let adapterPath: String
 
-    /// Connects to the system bus (`$DBUS_SYSTEM_BUS_ADDRESS` honoured) and
-    /// picks `adapter` (`hci1`), or the first adapter bluetoothd has.
-    public init(adapter: String?, logger: Logger) throws {
-        loop = try EventLoop(name: "blecontrol-central")
+    /// Connects to the system bus (`$DBUS_SYSTEM_BUS_ADDRESS` honoured), or
+    /// to the bus at `busAddress`, and picks `adapter` (`hci1`), or the
+    /// first adapter bluetoothd has.
+    public init(adapter: String?, busAddress: String? = nil, logger: Logger) throws {
+        let loop = try EventLoop(name: "blecontrol-central")
+        self.loop = loop
         loop.start()
         do {
-            connection = try DBusConnection.system(loop: loop, logger: logger)
+            connection = try busAddress.map { try DBusConnection(address: $0, loop: loop, logger: logger) }
+                ?? DBusConnection.system(loop: loop, logger: logger)
         } catch {
             loop.stop()
             throw CentralError("cannot reach the system bus: \(error)")
@@ -125,7 +128,11 @@ public final class BLECentral: @unchecked Sendable {
 
     /// Connects to `board`, finds FFE1 once bluetoothd has resolved the
     /// services, and subscribes to its notifications, which go to
-    /// `onNotification` (on the D-Bus thread).
+    /// `onNotification` (on the D-Bus thread). When any step after the
+    /// connection fails, the board is disconnected before the error is
+    /// thrown: bluetoothd keeps a link up after its client has gone, and a
+    /// link left half made (services never resolved) would hold the board
+    /// and make the next Connect a no-op that fails the same way.
     public func connect(_ board: FoundBoard, timeout: Duration, onNotification: @escaping @Sendable ([UInt8]) -> Void) throws -> BoardLink {
         let resolved = Mailbox<Bool>()
         let watch = connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: board.path, arg0: "org.bluez.Device1")) { message in
@@ -138,14 +145,23 @@ public final class BLECentral: @unchecked Sendable {
         } catch {
             throw CentralError("could not connect to \(board.name) (\(board.address)): \(error)")
         }
-        let deadline = ContinuousClock.now + timeout
+        do {
+            return try subscribe(board, resolved: resolved, deadline: ContinuousClock.now + timeout, timeout: timeout, onNotification: onNotification)
+        } catch {
+            disconnect(board.path)
+            throw error
+        }
+    }
+
+    /// connect's steps once the link is up: the services, FFE1, its notifications.
+    private func subscribe(_ board: FoundBoard, resolved: Mailbox<Bool>, deadline: ContinuousClock.Instant, timeout: Duration,
+                           onNotification: @escaping @Sendable ([UInt8]) -> Void) throws -> BoardLink {
         while try !servicesResolved(board.path, within: deadline) {
             guard resolved.take(until: deadline) != nil else {
-                throw CentralError("connected to \(board.name), but bluetoothd did not resolve its services within \(timeout)")
+                throw CentralError("connected to \(board.name), but bluetoothd did not resolve its services within \(timeout); disconnected (try again)")
             }
         }
         guard let characteristic = try characteristicPath(under: board.path, within: deadline) else {
-            disconnect(board.path)
             throw CentralError("\(board.name) (\(board.address)) has no BLEControl characteristic FFE1: not a BLEControl board")
         }
         let notifications = connection.addMatch(DBusMatchRule(sender: "org.bluez", interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged", path: characteristic, arg0: "org.bluez.GattCharacteristic1")) { message in
@@ -156,7 +172,6 @@ public final class BLECentral: @unchecked Sendable {
             _ = try connection.callAndWait(destination: "org.bluez", path: characteristic, interface: "org.bluez.GattCharacteristic1", method: "StartNotify", timeout: timeout)
         } catch {
             connection.removeMatch(notifications)
-            disconnect(board.path)
             throw CentralError("could not subscribe to FFE1 notifications: \(error)")
         }
         return BoardLink(central: self, board: board, characteristic: characteristic, subscription: notifications)
