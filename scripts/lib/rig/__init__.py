@@ -238,7 +238,7 @@ def group_members(group: int) -> list[int]:
     /proc/PID/stat while its other threads live on and keep its files
     open: a killed QEMU's lock on the power cuts' disk outlived its first
     thread, and the boot after the cuts could not take it ("Failed to get
-    "write" lock", QEMU's exit 1: cold6, and stop 54's CI by the same
+    "write" lock", QEMU's exit 1: cold6, and stop 52's CI by the same
     words). scripts/lib/rig/processes.py checks this against the kernel."""
     members = []
     for entry in os.listdir("/proc"):
