@@ -146,16 +146,18 @@ public final class BLECentral: @unchecked Sendable {
             throw CentralError("could not connect to \(board.name) (\(board.address)): \(error)")
         }
         do {
-            return try subscribe(board, resolved: resolved, deadline: ContinuousClock.now + timeout, timeout: timeout, onNotification: onNotification)
+            return try subscribe(board, resolved: resolved, timeout: timeout, onNotification: onNotification)
         } catch {
             disconnect(board.path)
             throw error
         }
     }
 
-    /// connect's steps once the link is up: the services, FFE1, its notifications.
-    private func subscribe(_ board: FoundBoard, resolved: Mailbox<Bool>, deadline: ContinuousClock.Instant, timeout: Duration,
+    /// connect's steps once the link is up: the services, FFE1, its
+    /// notifications, all within `timeout` from now.
+    private func subscribe(_ board: FoundBoard, resolved: Mailbox<Bool>, timeout: Duration,
                            onNotification: @escaping @Sendable ([UInt8]) -> Void) throws -> BoardLink {
+        let deadline = ContinuousClock.now + timeout
         while try !servicesResolved(board.path, within: deadline) {
             guard resolved.take(until: deadline) != nil else {
                 throw CentralError("connected to \(board.name), but bluetoothd did not resolve its services within \(timeout); disconnected (try again)")
