@@ -49,9 +49,7 @@ final class FakeCentralSide: @unchecked Sendable {
         connection.exportObjectManager(at: "/")
         connection.export(path: "/org/bluez/hci1", interfaces: [adapter])
         connection.export(path: Self.board, interfaces: [device])
-        let box = Collected<Bool>()
-        connection.requestName("org.bluez") { result in box.append((try? result.get()) ?? false) }
-        _ = eventually { box.all == [true] }
+        connection.own("org.bluez")
     }
 
     var isConnected: Bool { connected.value }

@@ -110,9 +110,7 @@ final class FakeBlueZ: @unchecked Sendable {
             device.property("Paired", "b", get: { .bool(path == Self.centralA) })
             connection.export(path: path, interfaces: [device])
         }
-        let box = Collected<Bool>()
-        connection.requestName("org.bluez") { result in box.append((try? result.get()) ?? false) }
-        _ = eventually { box.all == [true] }
+        connection.own("org.bluez")
     }
 
     /// Writes to the peripheral's FFE1 as bluetoothd does for a central.

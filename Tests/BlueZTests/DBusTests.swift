@@ -109,6 +109,17 @@ func testLoop() throws -> EventLoop {
     return loop
 }
 
+extension DBusConnection {
+    /// Takes `name` on the bus (a fake bluetoothd takes org.bluez) and
+    /// waits for the bus's answer: whether it is ours.
+    @discardableResult
+    func own(_ name: String) -> Bool {
+        let claimed = Collected<Bool>()
+        requestName(name) { claimed.append((try? $0.get()) ?? false) }
+        return eventually { claimed.all == [true] }
+    }
+}
+
 @Suite(.serialized, .enabled(if: PrivateBus.available, "dbus-daemon is not installed"))
 struct DBusConnectionTests {
     /// Two connections on one private bus: a service with an echo method and

@@ -3,15 +3,23 @@ import Testing
 
 /// The registration state machine fed events by hand: no bus, no timers.
 @Suite struct RegistrationTests {
-    /// Brought on the air: connected, bluetoothd found, the adapter fine,
-    /// the application and the advertisement registered.
-    private func onTheAir() -> Registration {
+    /// An adapter with everything the board needs.
+    private let adapter = Registration.Adapter(powered: true, hasGATT: true, hasAdvertising: true, alias: nil)
+
+    /// Started, connected to the bus, bluetoothd found: its adapter not yet inspected.
+    private func bluezFound() -> Registration {
         var registration = Registration(options: .init(adapter: "hci0", powerOn: true, agent: nil, alias: nil))
         _ = registration.handle(.start)
         _ = registration.handle(.busConnected)
         _ = registration.handle(.bluezAppeared(owner: ":1.7"))
+        return registration
+    }
+
+    /// Brought on the air: connected, bluetoothd found, the adapter fine,
+    /// the application and the advertisement registered.
+    private func onTheAir() -> Registration {
+        var registration = bluezFound()
         let generation = registration.generation
-        let adapter = Registration.Adapter(powered: true, hasGATT: true, hasAdvertising: true, alias: nil)
         #expect(registration.handle(.inspected(adapter, generation: generation)) == [
             .report("registering on hci0"), .call(.registerApplication, generation: generation)])
         #expect(registration.handle(.succeeded(.registerApplication, generation: generation)) == [
@@ -65,14 +73,11 @@ import Testing
     /// The first registration: a change while it is out, then bluetoothd
     /// answers. The board is reported on the air, and registers again.
     @Test func aChangeDuringTheFirstRegistrationIsReportedThenRegistered() {
-        var registration = Registration(options: .init(adapter: "hci0", powerOn: true, agent: nil, alias: nil))
-        _ = registration.handle(.start)
-        _ = registration.handle(.busConnected)
-        _ = registration.handle(.bluezAppeared(owner: ":1.7"))
+        var registration = bluezFound()
         let generation = registration.generation
         // Not yet registering the advertisement: ignored.
         #expect(registration.handle(.readvertise) == [])
-        _ = registration.handle(.inspected(.init(powered: true, hasGATT: true, hasAdvertising: true, alias: nil), generation: generation))
+        _ = registration.handle(.inspected(adapter, generation: generation))
         _ = registration.handle(.succeeded(.registerApplication, generation: generation))
         #expect(registration.handle(.readvertise) == [])
         #expect(registration.handle(.succeeded(.registerAdvertisement, generation: generation)) == [
