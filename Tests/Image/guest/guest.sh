@@ -134,17 +134,24 @@ secure_board() { # the board file's ble.security: encrypted, applied by a reload
     until_true 240 sh -c "journalctl -u blecontrold.service --after-cursor='$at' -q -o cat | grep -q 'BLE: advertising as'" \
         || { echo "not advertising again after the reload: $(unit_log_since "$at" | tail -n 2 | tr '\n' '|')"; return 1; }
 }
-# A second connection when the first fails, as a phone's app reconnects:
-# once, under TCG, the central's bluetoothd 5.82 reconnecting to the bonded
-# board logged "device_attach_att() bt_io_set: setsockopt(BT_SECURITY):
-# Invalid argument (22)" and never resolved the services; blecontrol then
+# blecontrol as a BLE central on hci1: COMMAND... to BOARD, its standard
+# input from IN, its output appended to LOG. A second connection when the
+# first fails, as a phone's app reconnects: once, under TCG, the central's
+# bluetoothd 5.82 reconnecting to the bonded board logged
+# "device_attach_att() bt_io_set: setsockopt(BT_SECURITY): Invalid
+# argument (22)" and never resolved the services; blecontrol then
 # disconnects, and the next connection is a new one. Said in an INFO line.
+ble_central() { # LOG IN BOARD COMMAND...
+    local log=$1 in=$2 board=$3
+    shift 3
+    blecontrol --ble "$board" --adapter hci1 --timeout 60 "$@" <"$in" >>"$log" 2>&1 && return
+    info "blecontrol --ble $board: connecting again after: $(tail -n 1 "$log")"
+    blecontrol --ble "$board" --adapter hci1 --timeout 60 "$@" <"$in" >>"$log" 2>&1
+}
 write_over_the_air() { # BOARD VALUE LED0_OFF_L: blecontrol as a BLE central on hci1 moves servo 0; the stub shows it
     local board=$1 value=$2 want=$3
-    blecontrol --ble "$board" --adapter hci1 --timeout 60 servo 0 "$value" >"$work/ble-write.log" 2>&1 \
-        || { info "blecontrol --ble $board: connecting again after: $(tail -n 1 "$work/ble-write.log")"
-             blecontrol --ble "$board" --adapter hci1 --timeout 60 servo 0 "$value" >>"$work/ble-write.log" 2>&1; } \
-        || { tail -n 2 "$work/ble-write.log"; return 1; }
+    : >"$work/ble-write.log"
+    ble_central "$work/ble-write.log" /dev/null "$board" servo 0 "$value" || { tail -n 2 "$work/ble-write.log"; return 1; }
     until_true 240 expect_reg 0x40 0x08 "$want"
 }
 
@@ -169,9 +176,7 @@ image_soak() {
     cli enable 0 on; cli enable 1 on; cli enable 2 on; cli enable 3 on
     while [ "$cycle" -lt "$min_cycles" ] || awk -v u="$(uptime_s)" -v e="$end" 'BEGIN { exit !(u < e) }'; do
         cycle=$((cycle + 1))
-        blecontrol --ble BLEControl --adapter hci1 --timeout 60 session <"$session" >>"$work/soak-ble.log" 2>&1 \
-            || blecontrol --ble BLEControl --adapter hci1 --timeout 60 session <"$session" >>"$work/soak-ble.log" 2>&1 \
-            || failed=$((failed + 1))
+        ble_central "$work/soak-ble.log" "$session" BLEControl session || failed=$((failed + 1))
         until_true 240 sh -c '[ "$(blecontrol status --json | grep -o "\"sessions\" *: *\[ *\]")" ]' >/dev/null 2>&1
         pid=$(prop MainPID)
         echo "$(uptime_s) $((cycle % 2)) $(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status") $(ls "/proc/$pid/fd" | wc -l) $(ls "/proc/$pid/task" | wc -l) $(du -sk /var/log/journal | cut -f1)" >>"$samples"
