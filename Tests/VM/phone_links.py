@@ -122,9 +122,15 @@ class Keyboard(PairingDelegate):
 
     async def get_number(self):
         def shown():
+            # The LCD's thread draws a line a character at a time, so a
+            # read can catch "PIN " with the old characters still after it
+            # (blanks, or the digits of an earlier passkey). A person reads
+            # the number once it is drawn: take the line when it shows the
+            # passkey the daemon's own status names.
             report = self.central.status()
+            named = re.search(r"passkey (\d{6})\b", self.central.ble_state(report))
             for line in report["lcd"]["lines"]:
-                if line.startswith("PIN ") and line[4:10] != self.not_this:
+                if named and line.startswith("PIN ") and line[4:10] == named.group(1) != self.not_this:
                     return line[4:10], report
             return None
         found = await self.central.wait_for(shown, 0.2)
