@@ -346,9 +346,7 @@ struct DBusConnectionTests {
             defer { loop.stop() }
             let stranger = try DBusConnection(address: bus.address, loop: loop, logger: logger)
             defer { stranger.close() }
-            let claimed = Collected<Bool>()
-            owner.requestName("org.example.Owner") { claimed.append((try? $0.get()) ?? false) }
-            #expect(eventually { claimed.all == [true] })
+            #expect(owner.own("org.example.Owner"))
             let heard = Collected<String>()
             let ownerChanges = Collected<String>()
             listener.addMatch(DBusMatchRule(sender: "org.example.Owner", interface: "org.example.News", member: "Said")) { signal in
@@ -378,8 +376,8 @@ struct DBusConnectionTests {
             owner.call(destination: DBusMatchRule.bus, path: "/org/freedesktop/DBus", interface: DBusMatchRule.bus, method: "ReleaseName",
                        arguments: [.string("org.example.Owner")]) { released.append((try? $0.get()) != nil) }
             #expect(eventually { released.all == [true] })
-            stranger.requestName("org.example.Owner") { claimed.append((try? $0.get()) ?? false) }
-            #expect(eventually { claimed.all == [true, true] && ownerChanges.all == ["", stranger.uniqueName] })
+            #expect(stranger.own("org.example.Owner"))
+            #expect(eventually { ownerChanges.all == ["", stranger.uniqueName] })
             say(owner, "old owner", listener.uniqueName)
             say(stranger, "new owner", nil)
             #expect(eventually { heard.all == ["true", "new owner"] })
